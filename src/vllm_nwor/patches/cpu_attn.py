@@ -1,0 +1,150 @@
+"""CPU_ATTN patches: staged KV writes and chunk-verify attention on vLLM's CPU backend.
+
+vLLM 0.26's CPU backend writes a layer's KV twice: in ``do_kv_cache_update`` and again inside
+``forward`` (fixed upstream by 0.33). In a staged verify step both are intercepted:
+``do_kv_cache_update`` hands the write to the interceptor (drafts staged, other rows written), and
+``forward`` computes attention over the cached prefix merged with the staged chunk itself, so its
+second write never happens. Every other call goes to vLLM unchanged.
+
+The CPU attention kernel returns no log-sum-exp, so the staged step's attention is the PyTorch
+reference in :mod:`vllm_nwor.attention`, reading the cache through a layout learned from the
+backend's own write op (:mod:`vllm_nwor.kv_layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+from vllm_nwor.attention import chunk_verify_attention
+from vllm_nwor.config import NworConfigError
+from vllm_nwor.kv_layout import PagedKVLayout
+from vllm_nwor.patches._patch import Patch, original
+from vllm_nwor.patches.model_runner import BINDING_ATTR, LayerBinding
+
+
+def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) -> None:
+    original(CPUAttentionBackendImpl.do_kv_cache_update)(
+        impl, layer, key, value, kv_cache, slot_mapping
+    )
+
+
+class CpuAttnBackend:
+    name = "CPU_ATTN"
+
+    def __init__(self) -> None:
+        self._layouts: dict[tuple, PagedKVLayout] = {}
+
+    def handles(self, impl: Any) -> bool:
+        return isinstance(impl, CPUAttentionBackendImpl)
+
+    def check(self, layer) -> None:
+        impl = layer.impl
+        unsupported = []
+        if impl.attn_type != AttentionType.DECODER:
+            unsupported.append(f"attn_type={impl.attn_type}")
+        if impl.sliding_window != -1:
+            unsupported.append(f"sliding_window={impl.sliding_window}")
+        if impl.alibi_slopes is not None:
+            unsupported.append("ALiBi")
+        if impl.logits_soft_cap:
+            unsupported.append(f"logits_soft_cap={impl.logits_soft_cap}")
+        if impl.sinks is not None:
+            unsupported.append("attention sinks")
+        if impl.is_fp8_kv_cache:
+            unsupported.append(f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto')")
+        if unsupported:
+            raise NworConfigError(
+                f"'nwor': true on CPU_ATTN does not support {', '.join(unsupported)} "
+                f"(layer {layer.layer_name})"
+            )
+
+    def plain_write(self, layer, key, value, slot_mapping) -> None:
+        _vllm_do_kv_cache_update(layer.impl, layer, key, value, layer.kv_cache, slot_mapping)
+
+    def layer_state(self, layer) -> PagedKVLayout:
+        impl, cache = layer.impl, layer.kv_cache
+        _, num_kv_heads, block_size, _ = cache.shape
+        key = (impl.isa, cache.dtype, block_size, num_kv_heads, impl.head_size)
+        if key not in self._layouts:
+
+            def write(k, v, block, slots):
+                _vllm_do_kv_cache_update(impl, layer, k, v, block, slots)
+
+            self._layouts[key] = PagedKVLayout.probe(
+                write, (1, *cache.shape[1:]), block_size, num_kv_heads, impl.head_size, cache.dtype
+            )
+        return self._layouts[key]
+
+
+BACKEND = CpuAttnBackend()
+
+
+def _binding(layer) -> LayerBinding | None:
+    return getattr(layer, BINDING_ATTR, None)
+
+
+def _wrap_do_kv_cache_update(do_kv_cache_update):
+    def wrapper(self, layer, key, value, kv_cache, slot_mapping):
+        binding = _binding(layer)
+        if binding is None or not binding.interceptor.active:
+            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
+        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
+
+    return wrapper
+
+
+def _wrap_forward(forward):
+    def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        binding = _binding(layer)
+        chunk = None
+        if binding is not None and attn_metadata is not None:
+            chunk = binding.interceptor.staged_chunk(binding.layer_idx)
+        if chunk is None:
+            return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                           *args, **kwargs)
+        step = binding.interceptor.step
+        assert step is not None
+        layout: PagedKVLayout = binding.backend_state
+        block_table = attn_metadata.block_table
+        query_start_loc = attn_metadata.query_start_loc.tolist()
+        num_reqs = len(query_start_loc) - 1
+
+        def read_prefix(req: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return layout.gather(kv_cache, block_table[req], num_tokens)
+
+        num_tokens = attn_metadata.num_actual_tokens
+        chunk_verify_attention(
+            query[:num_tokens],
+            query_start_loc,
+            attn_metadata.seq_lens[:num_reqs].tolist(),
+            step.num_draft_tokens,
+            read_prefix,
+            *chunk,
+            self.scale,
+            output,
+        )
+        return output
+
+    return wrapper
+
+
+PATCHES = [
+    Patch(
+        CPUAttentionBackendImpl,
+        "do_kv_cache_update",
+        _wrap_do_kv_cache_update,
+        why="Route a bound target layer's KV write through the interceptor during a verify "
+        "step. Draft-model layers are unbound and untouched.",
+    ),
+    Patch(
+        CPUAttentionBackendImpl,
+        "forward",
+        _wrap_forward,
+        why="In a staged verify step: attention over cache prefix + staged chunk, and no second "
+        "KV write. Retired for the write by vLLM 0.33 (forward no longer writes).",
+    ),
+]

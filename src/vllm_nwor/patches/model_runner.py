@@ -1,0 +1,206 @@
+"""Runner patches: bind NWOR to the target model's layers, begin each verify step, commit.
+
+vLLM 0.26's V1 ``GPUModelRunner`` (which ``CPUModelRunner`` reuses, and which runs ngram and
+draft_model on the GPU) goes through, per step::
+
+    execute_model:  _prepare_inputs  -> target forward (every layer: KV write, attention)
+    sample_tokens:  _sample (rejection sampling)  -> drafter  -> bookkeeping
+
+The plugin begins the verify step when ``_prepare_inputs`` has placed the drafts, and commits
+right after ``_sample``: after the verdict and before the drafter runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from vllm.model_executor.layers.attention.attention import Attention
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from vllm_nwor._logging import get_logger
+from vllm_nwor.config import NworConfigError, config_from_additional
+from vllm_nwor.patches._patch import Patch
+from vllm_nwor.staging import NworInterceptor, StagingBuffer, VerifyStep
+
+logger = get_logger(__name__)
+
+INTERCEPTOR_ATTR = "_nwor_interceptor"
+"""Set on the runner: its :class:`NworInterceptor`, or None when NWOR is off."""
+
+BINDING_ATTR = "_nwor_binding"
+"""Set on each target ``Attention`` layer: its :class:`LayerBinding`."""
+
+
+@dataclass(frozen=True)
+class LayerBinding:
+    """What a target layer's patched backend needs: the step's interceptor and its own index."""
+
+    interceptor: NworInterceptor
+    layer_idx: int
+    backend_state: Any = None
+
+
+class NworBackend(Protocol):
+    """How NWOR drives one attention backend (one implementation per supported backend)."""
+
+    name: str
+
+    def handles(self, impl: Any) -> bool: ...
+
+    def check(self, layer: Attention) -> None:
+        """Raises :class:`NworConfigError` for layer features the backend path cannot serve."""
+
+    def plain_write(self, layer: Attention, key, value, slot_mapping) -> None:
+        """vLLM's own KV write for ``layer``."""
+
+    def layer_state(self, layer: Attention) -> Any:
+        """Per-layer data the patched attention needs (for example a cache layout)."""
+
+
+def _backends() -> list[NworBackend]:
+    from vllm_nwor.patches import cpu_attn
+
+    return [cpu_attn.BACKEND]
+
+
+def target_attention_layers(model: torch.nn.Module) -> list[Attention]:
+    """The target model's attention layers that write their own KV cache, in model order."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(module, Attention) and module.kv_sharing_target_layer_name is None
+    ]
+
+
+def bind(runner: GPUModelRunner) -> NworInterceptor | None:
+    """Builds the interceptor and binds it to every target layer (a no-op when NWOR is off)."""
+    setattr(runner, INTERCEPTOR_ATTR, None)
+    if not config_from_additional(runner.vllm_config.additional_config).nwor:
+        return None
+    layers = target_attention_layers(runner.get_model())
+    if not layers:
+        raise NworConfigError("'nwor': true found no attention layers in the target model")
+    backend = _backend_for(layers[0])
+    for layer in layers:
+        backend.check(layer)
+    _check_one_kv_cache_group(runner, layers)
+
+    first = layers[0]
+    head_size, num_kv_heads = first.impl.head_size, first.impl.num_kv_heads
+    kv_dtype = first.kv_cache.dtype
+    spec = runner.vllm_config.speculative_config
+    sched = runner.vllm_config.scheduler_config
+    max_tokens = min(sched.max_num_seqs * spec.num_speculative_tokens, sched.max_num_batched_tokens)
+    buffer = StagingBuffer(
+        len(layers), max_tokens, num_kv_heads, head_size, kv_dtype, first.kv_cache.device
+    )
+
+    def plain_write(layer_idx: int, key, value, slot_mapping) -> None:
+        backend.plain_write(layers[layer_idx], key, value, slot_mapping)
+
+    interceptor = NworInterceptor(
+        buffer,
+        plain_write,
+        kv_bytes_per_token=len(layers) * 2 * num_kv_heads * head_size * kv_dtype.itemsize,
+    )
+    for idx, layer in enumerate(layers):
+        setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
+    setattr(runner, INTERCEPTOR_ATTR, interceptor)
+    logger.info(
+        "NWOR active: %d target layers on %s, staging up to %d draft tokens per verify step",
+        len(layers), backend.name, max_tokens,
+    )
+    return interceptor
+
+
+def _backend_for(layer: Attention) -> NworBackend:
+    backends = _backends()
+    for backend in backends:
+        if backend.handles(layer.impl):
+            return backend
+    supported = ", ".join(b.name for b in backends)
+    raise NworConfigError(
+        f"'nwor': true does not support the attention backend {type(layer.impl).__name__} "
+        f"(layer {layer.layer_name}); supported backends: {supported}"
+    )
+
+
+def _check_one_kv_cache_group(runner: GPUModelRunner, layers: list[Attention]) -> None:
+    names = {layer.layer_name for layer in layers}
+    groups = [
+        gid
+        for gid, group in enumerate(runner.kv_cache_config.kv_cache_groups)
+        if names.intersection(group.layer_names)
+    ]
+    if len(groups) != 1:
+        raise NworConfigError(
+            f"'nwor': true needs all target attention layers in one KV cache group (one slot "
+            f"mapping); this model spreads them over {len(groups)} groups"
+        )
+
+
+def _wrap_initialize_kv_cache(initialize_kv_cache):
+    def wrapper(self, *args, **kwargs):
+        initialize_kv_cache(self, *args, **kwargs)
+        bind(self)
+
+    return wrapper
+
+
+def _wrap_prepare_inputs(prepare_inputs):
+    def wrapper(self, scheduler_output, num_scheduled_tokens):
+        logits_indices, spec_decode_metadata = prepare_inputs(
+            self, scheduler_output, num_scheduled_tokens
+        )
+        interceptor: NworInterceptor | None = getattr(self, INTERCEPTOR_ATTR, None)
+        if interceptor is not None:
+            step = None
+            if spec_decode_metadata is not None:
+                num_reqs = self.input_batch.num_reqs
+                step = VerifyStep.from_batch(
+                    spec_decode_metadata.num_draft_tokens,
+                    self.query_start_loc.np[: num_reqs + 1],
+                    self.device,
+                )
+            interceptor.begin(step)
+        return logits_indices, spec_decode_metadata
+
+    return wrapper
+
+
+def _wrap_sample(sample):
+    def wrapper(self, logits, spec_decode_metadata):
+        sampler_output = sample(self, logits, spec_decode_metadata)
+        interceptor: NworInterceptor | None = getattr(self, INTERCEPTOR_ATTR, None)
+        if interceptor is not None and interceptor.step is not None:
+            interceptor.commit(interceptor.step.accepted_mask(sampler_output.sampled_token_ids))
+        return sampler_output
+
+    return wrapper
+
+
+PATCHES = [
+    Patch(
+        GPUModelRunner,
+        "initialize_kv_cache",
+        _wrap_initialize_kv_cache,
+        why="Once the KV cache tensors exist, bind the interceptor to the target model's "
+        "attention layers (draft-model layers stay unbound). Retired by a runner hook for KV "
+        "write interception.",
+    ),
+    Patch(
+        GPUModelRunner,
+        "_prepare_inputs",
+        _wrap_prepare_inputs,
+        why="Begin the verify step once, for all layers, when the drafts' batch rows are known.",
+    ),
+    Patch(
+        GPUModelRunner,
+        "_sample",
+        _wrap_sample,
+        why="Commit the accepted drafts right after rejection sampling, before the drafter "
+        "runs. Its only caller is sample_tokens.",
+    ),
+]

@@ -1,0 +1,29 @@
+"""Worker patch: the NWOR counters, readable from a running engine via ``collective_rpc``."""
+
+from __future__ import annotations
+
+from vllm.v1.worker.worker_base import WorkerBase
+
+from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.model_runner import INTERCEPTOR_ATTR
+
+
+def _nwor_counters(_missing):
+    def nwor_counters(self) -> dict | None:
+        """This worker's NWOR counters as a dict, or None when NWOR is off."""
+        interceptor = getattr(getattr(self, "model_runner", None), INTERCEPTOR_ATTR, None)
+        return None if interceptor is None else interceptor.counters().as_dict()
+
+    return nwor_counters
+
+
+PATCHES = [
+    Patch(
+        WorkerBase,
+        "nwor_counters",
+        _nwor_counters,
+        new=True,
+        why="Adds a method for LLM.collective_rpc('nwor_counters'). Retired by NWOR stats in "
+        "ModelRunnerOutput.",
+    ),
+]

@@ -1,0 +1,461 @@
+"""The staging core of NWOR (No-Write-On-Reject). Pure torch: nothing here imports vLLM.
+
+Terms used throughout the package:
+
+verify step
+    One forward of the target model in which at least one request carries draft tokens.
+draft row
+    A row of the step's flattened token batch that holds a draft token. As in vLLM, the drafts
+    of request ``i`` are its last ``num_draft_tokens[i]`` scheduled tokens; the rows before them
+    (the request's last sampled token, or prompt tokens) are not drafts.
+staged
+    A draft row whose K/V sits in the :class:`StagingBuffer` instead of the paged KV cache.
+chunk
+    One request's staged tokens in one verify step.
+committed
+    A staged token whose draft rejection sampling accepted. Its K/V is written to the paged KV
+    cache for every layer, through the one slot mapping all layers share.
+rejected
+    A staged token whose draft was rejected. Its K/V never reaches the paged KV cache.
+fallback
+    The step takes vLLM's plain write path for every token that must be in the cache. Counted by
+    :class:`FallbackReason`. A fallback never loses an accepted token's K/V.
+
+The :class:`NworInterceptor` decides *once per verify step, for all layers at once*, whether the
+step is staged. Its lifecycle is::
+
+    begin(step) -> stage(layer) for every target layer -> commit(accepted) | discard(reason)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import is_fake
+
+from vllm_nwor._logging import get_logger
+
+logger = get_logger(__name__)
+
+PAD_SLOT_ID = -1
+"""A slot of -1 means "do not write" (vLLM's ``PAD_SLOT_ID``)."""
+
+PLACEHOLDER_TOKEN_ID = -1
+"""Rejected positions in the rejection sampler's output (vLLM's ``PLACEHOLDER_TOKEN_ID``)."""
+
+PlainWrite = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""vLLM's own KV write for one target layer: ``(layer_idx, key, value, slot_mapping)``."""
+
+CommitFn = Callable[["StagingBuffer", torch.Tensor], None]
+"""Writes the buffer's tokens of every layer through ``slot_mapping`` (``-1`` = skip)."""
+
+
+class FallbackReason(str, enum.Enum):
+    """Why a verify step took vLLM's plain write path."""
+
+    OVERFLOW = "overflow"  # more draft tokens than the staging buffer holds
+    FAKE_TENSOR = "fake_tensor"  # called with fake/meta tensors (tracing, compile)
+    SLOT_MAPPING = "slot_mapping_mismatch"  # a layer brought a different slot mapping
+    STAGE_ERROR = "stage_error"  # staging raised
+    INCOMPLETE = "incomplete_staging"  # commit found a layer that never staged
+    COMMIT_ERROR = "commit_error"  # the commit raised; plain writes committed instead
+    NO_COMMIT = "no_commit"  # a step ended without a commit
+
+
+class StagingOverflow(ValueError):
+    """A verify step has more draft tokens than the staging buffer holds."""
+
+
+@dataclass(frozen=True)
+class VerifyStep:
+    """Where a verify step's draft tokens sit in the flattened batch.
+
+    Staged token ``t`` (request-major order) is draft ``token_pos[t]`` of request
+    ``token_req[t]`` and sits in batch row ``draft_rows[t]``.
+    """
+
+    num_draft_tokens: tuple[int, ...]
+    draft_rows: torch.Tensor
+    token_req: torch.Tensor
+    token_pos: torch.Tensor
+
+    @classmethod
+    def from_batch(
+        cls,
+        num_draft_tokens: Sequence[int],
+        query_start_loc: Sequence[int] | np.ndarray,
+        device: torch.device | str,
+    ) -> VerifyStep | None:
+        """Builds the step from per-request draft counts and query start locations (host).
+
+        Returns ``None`` when no request has drafts.
+        """
+        counts = np.asarray(num_draft_tokens, dtype=np.int64)
+        if counts.sum() == 0:
+            return None
+        qsl = np.asarray(query_start_loc, dtype=np.int64)[: len(counts) + 1]
+        if len(qsl) != len(counts) + 1:
+            raise ValueError(
+                f"query_start_loc has {len(qsl)} entries, expected {len(counts) + 1}"
+            )
+        if np.any(counts > np.diff(qsl)):
+            raise ValueError("a request has more drafts than scheduled tokens")
+        token_req = np.repeat(np.arange(len(counts)), counts)
+        chunk_start = np.cumsum(counts) - counts
+        token_pos = np.arange(counts.sum()) - np.repeat(chunk_start, counts)
+        draft_rows = qsl[1:][token_req] - counts[token_req] + token_pos
+
+        def to_device(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device=device, non_blocking=True)
+
+        return cls(
+            num_draft_tokens=tuple(int(c) for c in counts),
+            draft_rows=to_device(draft_rows),
+            token_req=to_device(token_req),
+            token_pos=to_device(token_pos),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.draft_rows)
+
+    def accepted_mask(self, sampled_token_ids: torch.Tensor) -> torch.Tensor:
+        """Which staged tokens were accepted, from the rejection sampler's output.
+
+        ``sampled_token_ids`` is ``[num_reqs, max_spec_len + 1]`` with rejected positions set to
+        ``-1``. Draft ``j`` was accepted exactly when the sampler emitted a token after it, i.e.
+        when entry ``j + 1`` is valid. Stays on the device (no host sync).
+        """
+        return sampled_token_ids[self.token_req, self.token_pos + 1] != PLACEHOLDER_TOKEN_ID
+
+
+class StagingBuffer:
+    """K/V of one verify step's draft tokens for every target layer, plus one slot mapping.
+
+    Slots are per token, not per layer: every layer commits through the same ``slot_mapping``.
+    Tokens are addressed explicitly (``start`` index), so layers may stage in any order and
+    staging the same tokens twice overwrites them. Which (layer, token) pairs hold data is
+    tracked on the host, so checking it costs no device sync.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        max_tokens: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if num_layers < 1 or max_tokens < 1:
+            raise ValueError(
+                f"StagingBuffer needs num_layers >= 1 and max_tokens >= 1, "
+                f"got num_layers={num_layers}, max_tokens={max_tokens}"
+            )
+        shape = (num_layers, max_tokens, num_kv_heads, head_size)
+        self.key = torch.zeros(shape, dtype=dtype, device=device)
+        self.value = torch.zeros(shape, dtype=dtype, device=device)
+        self.slot_mapping = torch.full((max_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
+        self._staged = np.zeros((num_layers, max_tokens), dtype=bool)
+        self.num_tokens = 0
+
+    @property
+    def num_layers(self) -> int:
+        return self.key.shape[0]
+
+    @property
+    def max_tokens(self) -> int:
+        return self.key.shape[1]
+
+    def reset(self, num_tokens: int) -> None:
+        """Starts a verify step of ``num_tokens`` tokens. Called once per step, never per layer."""
+        if not 0 <= num_tokens <= self.max_tokens:
+            raise StagingOverflow(
+                f"{num_tokens} draft tokens do not fit a staging buffer of {self.max_tokens}"
+            )
+        self._staged[:] = False
+        self.num_tokens = num_tokens
+
+    def set_slots(self, slot_mapping: torch.Tensor) -> None:
+        """Records the step's slots (one per staged token, shared by all layers)."""
+        if slot_mapping.shape != (self.num_tokens,):
+            raise ValueError(
+                f"slot_mapping has shape {tuple(slot_mapping.shape)}, expected ({self.num_tokens},)"
+            )
+        self.slot_mapping[: self.num_tokens].copy_(slot_mapping)
+
+    def stage(self, layer_idx: int, start: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Stores tokens ``[start, start + len(key))`` of layer ``layer_idx``."""
+        n = key.shape[0]
+        if not 0 <= layer_idx < self.num_layers:
+            raise IndexError(f"layer_idx {layer_idx} is outside [0, {self.num_layers})")
+        if start < 0 or start + n > self.num_tokens:
+            raise IndexError(
+                f"tokens [{start}, {start + n}) are outside the step's [0, {self.num_tokens})"
+            )
+        if key.shape != value.shape or key.shape[1:] != self.key.shape[2:]:
+            raise ValueError(
+                f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match the staged "
+                f"[tokens, heads, head_size] = [n, {self.key.shape[2]}, {self.key.shape[3]}]"
+            )
+        self.key[layer_idx, start : start + n].copy_(key)
+        self.value[layer_idx, start : start + n].copy_(value)
+        self._staged[layer_idx, start : start + n] = True
+
+    def is_staged(self, layer_idx: int) -> bool:
+        """Whether every token of the step is staged for ``layer_idx``."""
+        return bool(self._staged[layer_idx, : self.num_tokens].all())
+
+    def is_complete(self) -> bool:
+        """Whether every token of the step is staged for every layer."""
+        return bool(self._staged[:, : self.num_tokens].all())
+
+    def layers_with_data(self) -> list[int]:
+        """Layers holding at least one staged token of the step."""
+        return np.flatnonzero(self._staged[:, : self.num_tokens].any(axis=1)).tolist()
+
+    def staged_slots(self, layer_idx: int) -> torch.Tensor:
+        """The step's slot mapping with the tokens ``layer_idx`` has not staged set to -1."""
+        n = self.num_tokens
+        if self.is_staged(layer_idx):
+            return self.slot_mapping[:n]
+        mask = torch.from_numpy(self._staged[layer_idx, :n].copy()).to(self.slot_mapping.device)
+        return torch.where(mask, self.slot_mapping[:n], PAD_SLOT_ID)
+
+    def chunk(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The staged K/V of ``layer_idx``: ``[num_tokens, num_kv_heads, head_size]`` each."""
+        n = self.num_tokens
+        return self.key[layer_idx, :n], self.value[layer_idx, :n]
+
+
+@dataclass(frozen=True)
+class NworCounters:
+    """What NWOR did, in unique tokens (not layer x token operations)."""
+
+    verify_steps_staged: int = 0
+    tokens_staged: int = 0
+    tokens_committed: int = 0
+    tokens_rejected: int = 0
+    kv_bytes_not_written: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "verify_steps_staged": self.verify_steps_staged,
+            "tokens_staged": self.tokens_staged,
+            "tokens_committed": self.tokens_committed,
+            "tokens_rejected": self.tokens_rejected,
+            "kv_bytes_not_written": self.kv_bytes_not_written,
+            "fallbacks": dict(self.fallbacks),
+        }
+
+
+class _Fallback(Exception):
+    def __init__(self, reason: FallbackReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+class NworInterceptor:
+    """Routes the target model's KV writes during verify steps: stage, then commit or fall back.
+
+    Args:
+        buffer: where draft K/V wait for the verdict.
+        plain_write: vLLM's own write path for one layer. Non-draft rows always go through it,
+            and so does every fallback.
+        commit_fn: writes all layers' accepted tokens at once. Defaults to ``plain_write`` for
+            each layer in turn. If it raises, the commit is redone with ``plain_write``.
+        kv_bytes_per_token: bytes one token's K and V take in the paged cache, all target layers.
+    """
+
+    def __init__(
+        self,
+        buffer: StagingBuffer,
+        plain_write: PlainWrite,
+        commit_fn: CommitFn | None = None,
+        *,
+        kv_bytes_per_token: int,
+    ) -> None:
+        self.buffer = buffer
+        self.plain_write = plain_write
+        self.commit_fn = commit_fn or self._commit_with_plain_writes
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._step: VerifyStep | None = None
+        self._failed = False
+        self._slot_source: torch.Tensor | None = None
+        self._direct_slots: torch.Tensor | None = None
+        self._steps = 0
+        self._tokens_staged = 0
+        self._committed = torch.zeros((), dtype=torch.int64, device=buffer.key.device)
+        self._fallbacks: Counter[str] = Counter()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def step(self) -> VerifyStep | None:
+        """The verify step being staged, if any."""
+        return self._step
+
+    @property
+    def active(self) -> bool:
+        return self._step is not None
+
+    def begin(self, step: VerifyStep | None) -> bool:
+        """Decides, once for all layers, whether this step is staged. ``None``: no drafts."""
+        if self._step is not None:
+            self.discard(FallbackReason.NO_COMMIT)
+        if step is None:
+            return False
+        if step.num_tokens > self.buffer.max_tokens:
+            self._fallbacks[FallbackReason.OVERFLOW.value] += 1
+            return False
+        self.buffer.reset(step.num_tokens)
+        self._step = step
+        self._failed = False
+        self._slot_source = None
+        self._direct_slots = None
+        return True
+
+    def stage(
+        self,
+        layer_idx: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Takes layer ``layer_idx``'s KV write: draft rows are staged, the rest written."""
+        if self._step is None:
+            raise RuntimeError("NworInterceptor.stage() called outside a verify step")
+        if self._failed:
+            self.plain_write(layer_idx, key, value, slot_mapping)
+            return
+        try:
+            direct_slots = self._stage(layer_idx, key, value, slot_mapping)
+        except _Fallback as fallback:
+            reason = fallback.reason
+        except Exception:
+            logger.exception("NWOR: staging layer %d failed; falling back", layer_idx)
+            reason = FallbackReason.STAGE_ERROR
+        else:
+            self.plain_write(layer_idx, key, value, direct_slots)
+            return
+        self._fall_back(reason)
+        self.plain_write(layer_idx, key, value, slot_mapping)
+
+    def staged_chunk(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The staged K/V that layer ``layer_idx``'s attention must see, or ``None``.
+
+        ``None`` means the layer's draft K/V are in the paged cache (no step, or a fallback).
+        """
+        if self._step is None or self._failed or not self.buffer.is_staged(layer_idx):
+            return None
+        return self.buffer.chunk(layer_idx)
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """Writes the accepted staged tokens of every layer; rejected ones are dropped.
+
+        ``accepted`` is a bool tensor over the step's staged tokens
+        (see :meth:`VerifyStep.accepted_mask`).
+        """
+        step, self._step = self._step, None
+        if step is None or self._failed:
+            return
+        buffer = self.buffer
+        if not buffer.is_complete():
+            self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
+            self._write_all_staged()
+            return
+        if accepted.shape != (buffer.num_tokens,):
+            raise ValueError(
+                f"accepted has shape {tuple(accepted.shape)}, expected ({buffer.num_tokens},)"
+            )
+        n = buffer.num_tokens
+        slots = torch.where(accepted, buffer.slot_mapping[:n], PAD_SLOT_ID)
+        try:
+            self.commit_fn(buffer, slots)
+        except Exception:
+            logger.exception("NWOR: commit failed; committing through vLLM's write path")
+            self._fallbacks[FallbackReason.COMMIT_ERROR.value] += 1
+            # If vLLM's own write fails too, the error propagates: the engine stops rather than
+            # run on a cache that lacks accepted tokens.
+            self._commit_with_plain_writes(buffer, slots)
+        self._steps += 1
+        self._tokens_staged += n
+        self._committed += accepted.sum()
+
+    def discard(self, reason: FallbackReason) -> None:
+        """Ends the step without a verdict. Staged drafts are written as vLLM would write them.
+
+        Without a verdict the rejected share is unknown, so every staged token is written:
+        nothing that may be accepted is lost.
+        """
+        if self._step is None:
+            return
+        self._fallbacks[reason.value] += 1
+        if not self._failed:
+            self._write_all_staged()
+        self._step = None
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def counters(self) -> NworCounters:
+        """A snapshot (reads one device scalar)."""
+        committed = int(self._committed.item())
+        rejected = self._tokens_staged - committed
+        return NworCounters(
+            verify_steps_staged=self._steps,
+            tokens_staged=self._tokens_staged,
+            tokens_committed=committed,
+            tokens_rejected=rejected,
+            kv_bytes_not_written=rejected * self.kv_bytes_per_token,
+            fallbacks=dict(self._fallbacks),
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _stage(
+        self,
+        layer_idx: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """Stages the draft rows; returns the slot mapping for the direct write of the rest."""
+        if any(is_fake(t) or t.is_meta for t in (key, value, slot_mapping)):
+            raise _Fallback(FallbackReason.FAKE_TENSOR)
+        assert self._step is not None
+        rows = self._step.draft_rows
+        if self._slot_source is None:
+            # First layer of the step: the slot mapping all layers share.
+            direct = slot_mapping.clone()
+            direct[rows] = PAD_SLOT_ID
+            self.buffer.set_slots(slot_mapping[rows])
+            self._slot_source, self._direct_slots = slot_mapping, direct
+        elif slot_mapping is not self._slot_source:
+            raise _Fallback(FallbackReason.SLOT_MAPPING)
+        self.buffer.stage(layer_idx, 0, key[rows], value[rows])
+        assert self._direct_slots is not None
+        return self._direct_slots
+
+    def _fall_back(self, reason: FallbackReason) -> None:
+        """All-or-nothing: every layer staged so far gets vLLM's write of all its drafts now."""
+        logger.debug("NWOR: verify step falls back (%s)", reason.value)
+        self._fallbacks[reason.value] += 1
+        self._write_all_staged()
+        self._failed = True
+
+    def _write_all_staged(self) -> None:
+        buffer = self.buffer
+        for layer_idx in buffer.layers_with_data():
+            key, value = buffer.chunk(layer_idx)
+            self.plain_write(layer_idx, key, value, buffer.staged_slots(layer_idx))
+
+    def _commit_with_plain_writes(self, buffer: StagingBuffer, slot_mapping: torch.Tensor) -> None:
+        for layer_idx in range(buffer.num_layers):
+            key, value = buffer.chunk(layer_idx)
+            self.plain_write(layer_idx, key, value, slot_mapping)
