@@ -60,7 +60,8 @@ class PagedKVLayout:
         for p in range(num_digits):
             digits = ((ids >> (_DIGIT_BITS * p)) & ((1 << _DIGIT_BITS) - 1)).to(dtype)
             cache.fill_(-1)
-            write(digits[:numel].view(tokens_shape), digits[numel:].view(tokens_shape), cache, slots)
+            key, value = digits[:numel].view(tokens_shape), digits[numel:].view(tokens_shape)
+            write(key, value, cache, slots)
             flat = cache.reshape(-1).to(torch.int64)
             written &= flat >= 0
             found += flat.clamp(min=0) << (_DIGIT_BITS * p)

@@ -35,8 +35,13 @@ class Patch:
     new: bool = False
 
     @property
-    def id(self) -> str:
+    def attribute(self) -> str:
         return f"{self.target.__module__}.{self.target.__qualname__}.{self.name}"
+
+    @property
+    def id(self) -> str:
+        """The attribute and the wrapper that replaces it."""
+        return f"{self.attribute} <- {self.wrap.__module__}.{self.wrap.__qualname__}"
 
     def is_applied(self) -> bool:
         current = self.target.__dict__.get(self.name)
@@ -49,11 +54,11 @@ class Patch:
         if mark == self.id:
             return False
         if mark is not None:
-            raise PatchError(f"{self.id} is already patched by {mark}")
+            raise PatchError(f"{self.attribute} is already patched ({mark})")
         if self.new and current is not None:
-            raise PatchError(f"{self.id} exists; the plugin only adds it to vLLM 0.26")
+            raise PatchError(f"{self.attribute} exists; the plugin only adds it to vLLM 0.26")
         if not self.new and current is None:
-            raise PatchError(f"{self.id} is not defined on {self.target.__qualname__}")
+            raise PatchError(f"{self.attribute} is not defined on {self.target.__qualname__}")
         replacement = self.wrap(current)
         if current is not None and callable(current):
             functools.update_wrapper(replacement, current)

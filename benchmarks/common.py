@@ -1,0 +1,46 @@
+"""What every benchmark result records: commit, versions, device, configuration."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=Path(__file__).parent).stdout
+        return sha + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment() -> dict:
+    import torch
+    import vllm
+
+    import vllm_nwor
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+    return {
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "vllm_nwor": vllm_nwor.__version__,
+        "device": device or platform.machine(),
+    }
+
+
+def write_result(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

@@ -1,0 +1,73 @@
+"""Tiny random-weight Llama checkpoints for tests, the CPU demo and benchmarks.
+
+No machine here can reach a model hub, so checkpoints are written on the spot. Weights are drawn
+with a larger spread than vLLM's ``load_format="dummy"`` (whose tiny uniform values make greedy
+decoding loop within a few tokens and almost never reject a draft). The draft model is the
+target's first layers with the target's embeddings and head, plus optional noise, so it agrees
+with the target sometimes and not at other times: drafts are accepted and rejected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def write_tiny_llama_pair(
+    root: str | Path,
+    *,
+    vocab_size: int = 512,
+    hidden_size: int = 128,
+    num_layers: int = 3,
+    draft_layers: int = 1,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    init_std: float = 0.05,
+    draft_noise: float = 0.0,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+) -> tuple[str, str]:
+    """Writes ``root/target`` and ``root/draft`` (config.json + safetensors); returns both paths.
+
+    No tokenizer is written: use ``skip_tokenizer_init=True`` and token-id prompts.
+    """
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = Path(root)
+    target_dir, draft_dir = root / "target", root / "draft"
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=init_std,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(target_dir)
+
+    from safetensors.torch import load_file
+
+    weights = load_file(target_dir / "model.safetensors")
+    keep = {f"model.layers.{i}." for i in range(draft_layers)}
+    generator = torch.Generator().manual_seed(seed + 1)
+    draft = {
+        name: tensor + draft_noise * tensor.std() * torch.randn(tensor.shape, generator=generator)
+        for name, tensor in weights.items()
+        if ".layers." not in name or any(name.startswith(prefix) for prefix in keep)
+    }
+    draft_dir.mkdir(parents=True, exist_ok=True)
+    save_file(draft, draft_dir / "model.safetensors", metadata={"format": "pt"})
+    draft_config = json.loads((target_dir / "config.json").read_text())
+    draft_config["num_hidden_layers"] = draft_layers
+    (draft_dir / "config.json").write_text(json.dumps(draft_config, indent=2))
+    return str(target_dir), str(draft_dir)

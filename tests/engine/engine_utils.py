@@ -1,0 +1,79 @@
+"""Helpers for engine tests: build an LLM, generate, read vLLM's and NWOR's numbers."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from vllm import LLM, SamplingParams
+
+# Mixed prompt lengths; the longest exceed max_num_batched_tokens, so they are prefilled in
+# chunks while other requests are in verify steps.
+PROMPTS = [
+    [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
+    for i, length in enumerate([5, 14, 23, 90, 40, 7, 61, 33])
+]
+
+
+def spec_config(method: str, draft_path: str | None = None, k: int = 3, **extra) -> dict:
+    if method == "ngram":
+        config = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    elif method == "draft_model":
+        config = {"method": "draft_model", "model": draft_path}
+    else:
+        raise ValueError(method)
+    return {**config, "num_speculative_tokens": k, **extra}
+
+
+@contextmanager
+def engine(target: str, speculative_config: dict | None, **kwargs: Any) -> Iterator[LLM]:
+    options = dict(
+        model=target,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=512,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        disable_log_stats=False,
+        seed=0,
+    )
+    options.update(kwargs)
+    llm = LLM(speculative_config=speculative_config, **options)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def generate(llm: LLM, prompts=PROMPTS, max_tokens: int = 40) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def spec_decode_stats(llm: LLM) -> tuple[int, int]:
+    """(draft tokens, accepted tokens) from vLLM's own spec-decode counters."""
+    metrics = {m.name: m for m in llm.get_metrics()}
+    return (
+        int(metrics["vllm:spec_decode_num_draft_tokens"].value),
+        int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
+    )
+
+
+def runner_of(llm: LLM):
+    """The in-process model runner (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+def target_layers(llm: LLM) -> list:
+    from vllm_nwor.patches.model_runner import target_attention_layers
+
+    return target_attention_layers(runner_of(llm).get_model())

@@ -1,0 +1,64 @@
+"""Config keys: validation and error messages (no vLLM needed)."""
+
+import pytest
+
+from vllm_nwor.config import (
+    NworConfig,
+    NworConfigError,
+    config_from_additional,
+    looks_like_plugin_key,
+    merge_plugin_settings,
+    split_plugin_keys,
+)
+
+
+def test_defaults_leave_everything_off():
+    assert NworConfig() == NworConfig.from_dict({})
+    assert not NworConfig().enabled
+
+
+def test_nwor_true_enables():
+    config = NworConfig.from_dict({"nwor": True})
+    assert config.nwor and config.enabled
+
+
+@pytest.mark.parametrize("value", ["true", 1, 0, None, "yes", [True]])
+def test_non_bool_nwor_names_key_value_and_allowed(value):
+    with pytest.raises(NworConfigError) as err:
+        NworConfig.from_dict({"nwor": value}, where="speculative_config")
+    message = str(err.value)
+    assert "'nwor'" in message and repr(value) in message and "true or false" in message
+    assert "speculative_config" in message
+
+
+@pytest.mark.parametrize("typo", ["nwr", "nowr", "nwor_enable", "NWOR", "nwor-mode"])
+def test_misspelled_key_is_claimed_and_refused_with_a_suggestion(typo):
+    ours, rest = split_plugin_keys({typo: True, "method": "ngram"})
+    assert rest == {"method": "ngram"}
+    with pytest.raises(NworConfigError) as err:
+        NworConfig.from_dict(ours, where="speculative_config")
+    message = str(err.value)
+    assert typo.replace("-", "_") in message and "True" in message and "nwor" in message
+
+
+@pytest.mark.parametrize("key", ["method", "model", "num_speculative_tokens", "prompt_lookup_max",
+                                 "draft_tensor_parallel_size", "gdn_prefill_backend"])
+def test_vllm_keys_are_left_to_vllm(key):
+    assert not looks_like_plugin_key(key)
+
+
+def test_dashes_are_normalised_like_vllm_does():
+    ours, _ = split_plugin_keys({"nwor": True})
+    assert ours == {"nwor": True}
+
+
+def test_same_key_with_two_values_is_refused():
+    with pytest.raises(NworConfigError, match="set twice"):
+        merge_plugin_settings({"nwor": True}, {"nwor": False})
+    assert merge_plugin_settings({"nwor": True}, {"nwor": True}) == {"nwor": True}
+
+
+def test_read_back_from_additional_config_ignores_other_plugins_keys():
+    assert config_from_additional({"nwor": True, "other_plugin": 3}).nwor
+    assert not config_from_additional({}).enabled
+    assert not config_from_additional(None).enabled

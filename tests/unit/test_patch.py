@@ -1,0 +1,62 @@
+"""The Patch utility: idempotent, calls the original, refuses a second patch (no vLLM needed)."""
+
+import pytest
+
+from vllm_nwor.patches._patch import Patch, PatchError, original
+
+
+class Target:
+    def greet(self, name):
+        return f"hello {name}"
+
+
+def _shout(greet):
+    def wrapper(self, name):
+        return greet(self, name).upper()
+
+    return wrapper
+
+
+def _whisper(greet):
+    def wrapper(self, name):
+        return greet(self, name).lower()
+
+    return wrapper
+
+
+def test_apply_is_idempotent_and_calls_the_original():
+    patch = Patch(Target, "greet", _shout, why="test")
+    try:
+        assert patch.apply() is True
+        assert Patch(Target, "greet", _shout, why="loaded again").apply() is False
+        assert Target().greet("x") == "HELLO X"
+        assert original(Target.greet)(Target(), "x") == "hello x"
+        assert patch.is_applied()
+    finally:
+        patch.revert()
+    assert Target().greet("x") == "hello x"
+
+
+def test_a_different_patch_on_the_same_attribute_is_refused():
+    first = Patch(Target, "greet", _shout, why="first")
+    try:
+        first.apply()
+        with pytest.raises(PatchError, match="already patched"):
+            Patch(Target, "greet", _whisper, why="second").apply()
+        assert Target().greet("x") == "HELLO X"
+    finally:
+        first.revert()
+
+
+def test_new_attributes_must_not_exist_and_replacements_must():
+    add = Patch(Target, "added", lambda _: (lambda self: 42), why="add", new=True)
+    try:
+        add.apply()
+        assert Target().added() == 42
+    finally:
+        add.revert()
+    assert not hasattr(Target, "added")
+    with pytest.raises(PatchError, match="exists"):
+        Patch(Target, "greet", lambda _: None, why="x", new=True).apply()
+    with pytest.raises(PatchError, match="not defined"):
+        Patch(Target, "missing", _shout, why="x").apply()

@@ -1,0 +1,415 @@
+"""The staging core: buffer, interceptor lifecycle, fallbacks, counters (no vLLM needed).
+
+A fake paged cache (one ``[slots, heads, dim]`` tensor pair per layer, filled with a sentinel)
+stands in for vLLM's; ``plain_write`` plays vLLM's write op, skipping slot -1 as vLLM does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vllm_nwor.staging import (
+    PAD_SLOT_ID,
+    FallbackReason,
+    NworInterceptor,
+    StagingBuffer,
+    StagingOverflow,
+    VerifyStep,
+)
+
+SENTINEL = -777.0
+NUM_LAYERS, HEADS, DIM, NUM_SLOTS = 4, 2, 8, 64
+
+
+class FakeCache:
+    """Per-layer K/V caches indexed by slot, and vLLM's write semantics (slot -1 = skip)."""
+
+    def __init__(self) -> None:
+        self.key = torch.full((NUM_LAYERS, NUM_SLOTS, HEADS, DIM), SENTINEL)
+        self.value = torch.full((NUM_LAYERS, NUM_SLOTS, HEADS, DIM), SENTINEL)
+        self.writes: list[tuple[int, list[int]]] = []
+
+    def plain_write(self, layer_idx, key, value, slot_mapping) -> None:
+        n = len(slot_mapping)
+        keep = slot_mapping >= 0
+        self.key[layer_idx, slot_mapping[keep]] = key[:n][keep]
+        self.value[layer_idx, slot_mapping[keep]] = value[:n][keep]
+        self.writes.append((layer_idx, slot_mapping[keep].tolist()))
+
+    def written_slots(self, layer_idx) -> set[int]:
+        written = (self.key[layer_idx] != SENTINEL).all(-1).all(-1)
+        return set(torch.nonzero(written).flatten().tolist())
+
+
+def layer_kv(layer_idx: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V whose values identify their layer and row, so a misplaced write shows."""
+    base = torch.arange(num_tokens * HEADS * DIM, dtype=torch.float32).view(num_tokens, HEADS, DIM)
+    return base + 1000 * layer_idx, -(base + 1000 * layer_idx) - 1
+
+
+def make_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None) -> NworInterceptor:
+    buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu")
+    return NworInterceptor(buffer, cache.plain_write, commit_fn, kv_bytes_per_token=100)
+
+
+# A batch of three requests: a verify step with 2 drafts (rows 0-2), a prefill chunk with no
+# drafts (rows 3-6), and a verify step with 3 drafts (rows 7-10). Slots 20.. in batch order.
+NUM_DRAFTS = [2, 0, 3]
+QUERY_START_LOC = [0, 3, 7, 11]
+NUM_ROWS = 11
+SLOTS = torch.arange(20, 20 + NUM_ROWS)
+DRAFT_ROWS = [1, 2, 8, 9, 10]
+
+
+def run_forward(interceptor: NworInterceptor, layers=range(NUM_LAYERS)) -> None:
+    for layer_idx in layers:
+        key, value = layer_kv(layer_idx, NUM_ROWS)
+        interceptor.stage(layer_idx, key, value, SLOTS)
+
+
+def sampled(accepted_per_request: list[int]) -> torch.Tensor:
+    """A rejection-sampler output with the given accepted drafts per request (-1 = rejected)."""
+    out = torch.full((len(NUM_DRAFTS), max(NUM_DRAFTS) + 1), -1)
+    for i, accepted in enumerate(accepted_per_request):
+        out[i, : accepted + 1] = 7
+    return out
+
+
+def expected_slots(accepted_per_request: list[int]) -> set[int]:
+    """Non-draft rows plus accepted drafts: what must be in the cache after the step."""
+    rows = set(range(NUM_ROWS)) - set(DRAFT_ROWS)
+    for i, accepted in enumerate(accepted_per_request):
+        end = QUERY_START_LOC[i + 1]
+        rows |= set(range(end - NUM_DRAFTS[i], end - NUM_DRAFTS[i] + accepted))
+    return {20 + r for r in rows}
+
+
+def assert_cache_holds(cache: FakeCache, slots: set[int]) -> None:
+    for layer_idx in range(NUM_LAYERS):
+        assert cache.written_slots(layer_idx) == slots, f"layer {layer_idx}"
+        key, value = layer_kv(layer_idx, NUM_ROWS)
+        for slot in slots:
+            assert torch.equal(cache.key[layer_idx, slot], key[slot - 20])
+            assert torch.equal(cache.value[layer_idx, slot], value[slot - 20])
+
+
+def begin(interceptor: NworInterceptor) -> VerifyStep:
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
+    assert step is not None and interceptor.begin(step)
+    return step
+
+
+# -- VerifyStep --------------------------------------------------------------------------------
+
+
+def test_verify_step_places_drafts_at_the_end_of_each_request():
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
+    assert step.draft_rows.tolist() == DRAFT_ROWS
+    assert step.token_req.tolist() == [0, 0, 2, 2, 2]
+    assert step.token_pos.tolist() == [0, 1, 0, 1, 2]
+    assert VerifyStep.from_batch([0, 0], [0, 1, 5], "cpu") is None
+
+
+def test_accepted_mask_reads_the_sampler_output():
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
+    assert step.accepted_mask(sampled([1, 0, 3])).tolist() == [True, False, True, True, True]
+    assert step.accepted_mask(sampled([0, 0, 0])).tolist() == [False] * 5
+
+
+# -- commit ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accepted", [[1, 0, 2], [0, 0, 0], [2, 0, 3]])
+def test_commit_writes_exactly_non_draft_rows_and_accepted_drafts(accepted):
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    # Before the verdict: only non-draft rows are in the cache, for every layer.
+    for layer_idx in range(NUM_LAYERS):
+        assert cache.written_slots(layer_idx) == expected_slots([0, 0, 0])
+    interceptor.commit(step.accepted_mask(sampled(accepted)))
+    assert_cache_holds(cache, expected_slots(accepted))
+    counters = interceptor.counters()
+    assert counters.verify_steps_staged == 1
+    assert counters.tokens_staged == 5
+    assert counters.tokens_committed == sum(accepted)
+    assert counters.tokens_rejected == 5 - sum(accepted)
+    assert counters.kv_bytes_not_written == 100 * (5 - sum(accepted))
+    assert counters.fallbacks == {}
+    assert not interceptor.active
+
+
+def test_staged_chunk_is_visible_to_attention_until_commit():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    assert interceptor.staged_chunk(0) is None  # layer 0 has not staged yet
+    run_forward(interceptor, layers=[0])
+    key, value = interceptor.staged_chunk(0)
+    full_key, full_value = layer_kv(0, NUM_ROWS)
+    assert torch.equal(key, full_key[DRAFT_ROWS]) and torch.equal(value, full_value[DRAFT_ROWS])
+    run_forward(interceptor, layers=[1, 2, 3])
+    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    assert interceptor.staged_chunk(0) is None
+
+
+# -- buffer: explicit token indexing ---------------------------------------------------------
+
+
+def test_out_of_order_and_duplicate_staging():
+    buffer = StagingBuffer(NUM_LAYERS, 8, HEADS, DIM, torch.float32, "cpu")
+    buffer.reset(5)
+    key, value = layer_kv(0, 5)
+    buffer.stage(0, 3, key[3:], value[3:])  # tokens 3-4 first
+    assert not buffer.is_staged(0)
+    buffer.stage(0, 0, key[:3], value[:3])  # then 0-2
+    buffer.stage(0, 1, key[1:2], value[1:2])  # token 1 again: overwrites, no new token
+    assert buffer.is_staged(0)
+    assert torch.equal(buffer.chunk(0)[0], key) and torch.equal(buffer.chunk(0)[1], value)
+    assert buffer.layers_with_data() == [0]
+
+
+def test_duplicate_staging_counts_unique_tokens_not_operations():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    run_forward(interceptor)  # every layer staged twice
+    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    assert interceptor.counters().tokens_staged == 5
+    assert_cache_holds(cache, expected_slots([2, 0, 3]))
+
+
+def test_buffer_rejects_out_of_range_staging():
+    buffer = StagingBuffer(NUM_LAYERS, 8, HEADS, DIM, torch.float32, "cpu")
+    buffer.reset(4)
+    key, value = layer_kv(0, 4)
+    with pytest.raises(IndexError):
+        buffer.stage(NUM_LAYERS, 0, key, value)
+    with pytest.raises(IndexError):
+        buffer.stage(0, 2, key, value)
+    with pytest.raises(ValueError):
+        buffer.stage(0, 0, key[:, :1], value[:, :1])
+    with pytest.raises(StagingOverflow):
+        buffer.reset(9)
+
+
+# -- fallbacks ---------------------------------------------------------------------------------
+
+
+def test_overflow_goes_to_fallback_and_plain_writes():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache, max_tokens=4)  # the step has 5 drafts
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
+    assert interceptor.begin(step) is False
+    assert not interceptor.active
+    assert interceptor.counters().fallbacks == {"overflow": 1}
+    # Not active: the runner's layers take vLLM's write themselves.
+    with pytest.raises(RuntimeError, match="outside a verify step"):
+        run_forward(interceptor)
+
+
+@pytest.mark.parametrize("fail_at", [0, 2, 3])
+def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
+    cache = FakeCache()
+
+    def failing_commit(buffer, slot_mapping):
+        for layer_idx in range(buffer.num_layers):
+            if layer_idx == fail_at:
+                raise RuntimeError("injected commit failure")
+            key, value = buffer.chunk(layer_idx)
+            cache.plain_write(layer_idx, key, value, slot_mapping)
+
+    interceptor = make_interceptor(cache, commit_fn=failing_commit)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+    assert_cache_holds(cache, expected_slots([1, 0, 2]))
+    counters = interceptor.counters()
+    assert counters.fallbacks == {"commit_error": 1}
+    # The NWOR guarantee held: rejected drafts were not written, so the step still counts.
+    assert counters.tokens_committed == 3 and counters.tokens_rejected == 2
+
+
+def test_commit_failure_with_failing_plain_writes_is_not_swallowed():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache, commit_fn=lambda *_: 1 / 0)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    cache.plain_write = lambda *_: (_ for _ in ()).throw(OSError("device lost"))
+    interceptor.plain_write = cache.plain_write
+    with pytest.raises(OSError, match="device lost"):
+        interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+
+
+@pytest.mark.parametrize("fail_layer", [0, 1, 3])
+def test_stage_failure_is_all_or_nothing(fail_layer):
+    """A layer that cannot stage sends the whole step down vLLM's write path."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    stage = interceptor.buffer.stage
+
+    def flaky_stage(layer_idx, start, key, value):
+        if layer_idx == fail_layer:
+            raise RuntimeError("injected staging failure")
+        stage(layer_idx, start, key, value)
+
+    interceptor.buffer.stage = flaky_stage
+    run_forward(interceptor)
+    # Every layer now holds every row, drafts included, as vLLM would have written them.
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
+    assert all(interceptor.staged_chunk(layer) is None for layer in range(NUM_LAYERS))
+    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
+    counters = interceptor.counters()
+    assert counters.fallbacks == {"stage_error": 1}
+    assert counters.verify_steps_staged == 0 and counters.tokens_staged == 0
+
+
+def test_fake_tensors_fall_back():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    begin(interceptor)
+    with FakeTensorMode() as mode:
+        key = mode.from_tensor(layer_kv(0, NUM_ROWS)[0])
+        value = mode.from_tensor(layer_kv(0, NUM_ROWS)[1])
+        slots = mode.from_tensor(SLOTS)
+    seen = []
+    interceptor.plain_write = lambda layer, k, v, s: seen.append((layer, s is slots))
+    interceptor.stage(0, key, value, slots)
+    assert seen == [(0, True)]  # plain write with the untouched slot mapping
+    assert interceptor.counters().fallbacks == {"fake_tensor": 1}
+
+
+def test_a_layer_with_another_slot_mapping_falls_back():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor, layers=[0, 1])
+    key, value = layer_kv(2, NUM_ROWS)
+    interceptor.stage(2, key, value, SLOTS.clone())  # same values, different tensor
+    run_forward(interceptor, layers=[3])
+    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
+    assert interceptor.counters().fallbacks == {"slot_mapping_mismatch": 1}
+
+
+def test_a_step_without_commit_writes_its_drafts_at_the_next_begin():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    begin(interceptor)
+    run_forward(interceptor)
+    interceptor.begin(None)  # next step starts without a commit for this one
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
+    assert interceptor.counters().fallbacks == {FallbackReason.NO_COMMIT.value: 1}
+    assert not interceptor.active
+
+
+def test_a_layer_that_never_staged_makes_the_commit_write_everything_staged():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor, layers=[0, 1, 3])
+    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    for layer_idx in (0, 1, 3):
+        assert cache.written_slots(layer_idx) == {20 + r for r in range(NUM_ROWS)}
+    assert interceptor.counters().fallbacks == {"incomplete_staging": 1}
+
+
+# -- seed 003's six bugs -----------------------------------------------------------------------
+
+
+def test_seed_bug1_staging_starts_once_per_step_not_per_layer():
+    """Bug 1: per-layer enable_staging let only layer 0 stage. Here every layer stages."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    assert all(interceptor.buffer.is_staged(layer) for layer in range(NUM_LAYERS))
+    assert all(interceptor.staged_chunk(layer) is not None for layer in range(NUM_LAYERS))
+    # No layer wrote a draft row directly.
+    for layer_idx, slots in cache.writes:
+        assert not {20 + r for r in DRAFT_ROWS} & set(slots), layer_idx
+    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    assert interceptor.counters().fallbacks == {}
+
+
+def test_seed_bug2_each_layer_stages_at_its_own_index():
+    """Bug 2: every layer defaulted to index 0 and overwrote the others."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    begin(interceptor)
+    run_forward(interceptor)
+    for layer_idx in range(NUM_LAYERS):
+        key, _ = layer_kv(layer_idx, NUM_ROWS)
+        assert torch.equal(interceptor.staged_chunk(layer_idx)[0], key[DRAFT_ROWS])
+
+
+def test_seed_bug3_accepted_drafts_reach_the_cache():
+    """Bug 3: commit was never called, so staged data never reached the cache."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    for layer_idx in range(NUM_LAYERS):
+        assert {20 + r for r in DRAFT_ROWS} <= cache.written_slots(layer_idx)
+
+
+def test_seed_bug4_the_write_path_works_with_nwor_off_and_outside_verify_steps():
+    """Bug 4: a variable defined only when NWOR was on crashed the plain path (NameError).
+
+    The plain path here never touches step state; ruff's F821 (undefined name) guards the rest.
+    """
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    assert interceptor.begin(None) is False
+    assert interceptor.staged_chunk(0) is None and interceptor.step is None
+    interceptor.commit(torch.zeros(0, dtype=torch.bool))  # no step: nothing to do
+    assert interceptor.counters().verify_steps_staged == 0
+
+
+def test_seed_bug5_each_layer_commits_into_its_own_cache():
+    """Bug 5: commit wrote every layer's K/V into one cache."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    step = begin(interceptor)
+    run_forward(interceptor)
+    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    assert_cache_holds(cache, expected_slots([2, 0, 3]))  # checks values per layer
+    assert not torch.equal(cache.key[0], cache.key[1])
+
+
+def test_seed_bug6_staging_a_layer_does_not_wipe_the_others():
+    """Bug 6: a reset on every enable_staging wiped the staged mask of earlier layers."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    begin(interceptor)
+    run_forward(interceptor, layers=[0])
+    run_forward(interceptor, layers=[1, 2, 3])
+    assert interceptor.buffer.is_complete()
+    assert interceptor.buffer.layers_with_data() == [0, 1, 2, 3]
+
+
+# -- the core needs no vLLM --------------------------------------------------------------------
+
+
+def test_core_modules_import_without_vllm():
+    code = (
+        "import sys, vllm_nwor, vllm_nwor.staging, vllm_nwor.attention, vllm_nwor.kv_layout, "
+        "vllm_nwor.config, vllm_nwor.plugin; "
+        "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')], 'vllm'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pad_slot_matches_vllm():
+    assert PAD_SLOT_ID == -1
