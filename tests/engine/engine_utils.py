@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from cache_audit import runner_of
 from vllm import LLM, SamplingParams
 
 # Mixed prompt lengths; the longest exceed max_num_batched_tokens, so they are prefilled in
@@ -66,11 +67,6 @@ def spec_decode_stats(llm: LLM) -> tuple[int, int]:
         int(metrics["vllm:spec_decode_num_draft_tokens"].value),
         int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
     )
-
-
-def runner_of(llm: LLM):
-    """The in-process model runner (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
 def target_layers(llm: LLM) -> list:

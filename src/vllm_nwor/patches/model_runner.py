@@ -22,7 +22,14 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError, config_from_additional
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.staging import NworInterceptor, StagingBuffer, VerifyStep
+from vllm_nwor.staging import (
+    CommitFn,
+    IndexUploader,
+    NworInterceptor,
+    StageFn,
+    StagingBuffer,
+    VerifyStep,
+)
 
 logger = get_logger(__name__)
 
@@ -58,11 +65,16 @@ class NworBackend(Protocol):
     def layer_state(self, layer: Attention) -> Any:
         """Per-layer data the patched attention needs (for example a cache layout)."""
 
+    def fused_ops(
+        self, layers: list[Attention], buffer: StagingBuffer
+    ) -> tuple[StageFn | None, CommitFn | None]:
+        """Fused stage and commit, or None to use the interceptor's generic versions."""
+
 
 def _backends() -> list[NworBackend]:
-    from vllm_nwor.patches import cpu_attn
+    from vllm_nwor.patches import cpu_attn, flash_attn
 
-    return [cpu_attn.BACKEND]
+    return [cpu_attn.BACKEND, flash_attn.BACKEND]
 
 
 def target_attention_layers(model: torch.nn.Module) -> list[Attention]:
@@ -100,10 +112,14 @@ def bind(runner: GPUModelRunner) -> NworInterceptor | None:
     def plain_write(layer_idx: int, key, value, slot_mapping) -> None:
         backend.plain_write(layers[layer_idx], key, value, slot_mapping)
 
+    stage_fn, commit_fn = backend.fused_ops(layers, buffer)
     interceptor = NworInterceptor(
         buffer,
         plain_write,
+        commit_fn,
+        stage_fn,
         kv_bytes_per_token=len(layers) * 2 * num_kv_heads * head_size * kv_dtype.itemsize,
+        uploader=IndexUploader(3 * max_tokens + sched.max_num_batched_tokens, buffer.key.device),
     )
     for idx, layer in enumerate(layers):
         setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
@@ -163,6 +179,7 @@ def _wrap_prepare_inputs(prepare_inputs):
                     spec_decode_metadata.num_draft_tokens,
                     self.query_start_loc.np[: num_reqs + 1],
                     self.device,
+                    interceptor.uploader,
                 )
             interceptor.begin(step)
         return logits_indices, spec_decode_metadata

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after the devkit install (../shared/devkit/README.md): installs this
+# project next to vLLM in /tmp/site, then
+#   scripts/gpu_suite.sh tests               the GPU tests (tests/gpu), log + junit in $OUT
+#   scripts/gpu_suite.sh bench ARGS...       benchmarks/nwor_overhead.py ARGS, cells in $OUT
+# Results come back from $OUT; merge them into benchmarks/results/ with
+#   python benchmarks/nwor_overhead.py --merge cells.jsonl --result benchmarks/results/...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+out="${OUT:-/tmp/out}"
+mkdir -p "$out"
+python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site --upgrade . \
+  || exit 1
+git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
+what="${1:-tests}"
+shift || true
+case "$what" in
+  tests)
+    python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
+      "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
+  bench)
+    python3 benchmarks/nwor_overhead.py --jsonl "$out/cells.jsonl" "$@" 2>&1 \
+      | tee "$out/bench.log" | grep -vE "^(INFO|DEBUG) " ;;
+  *)
+    echo "usage: $0 tests|bench [args]" >&2; exit 2 ;;
+esac
