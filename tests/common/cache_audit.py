@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-SENTINEL = -12345.0
+SENTINEL = -32768.0  # exact in fp32, fp16 and bf16, and far from any K/V value
 
 ReadTokens = Callable[[object, torch.Tensor, int], torch.Tensor]
 """``(layer, block_ids, num_tokens) -> [num_tokens, ...]`` K and V of each token, flattened."""

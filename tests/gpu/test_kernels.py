@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, ON_GPU
 
+from conftest import DEVICE, ON_GPU
 from vllm_nwor.kernels.chunk_attention import (
     chunk_attention_merge,
     chunk_attention_merge_reference,
@@ -19,7 +19,7 @@ from vllm_nwor.kernels.chunk_attention import (
 from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
 from vllm_nwor.kernels.stage_kv import stage_kv, stage_kv_reference
 
-SENTINEL = -3.0
+SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 
 pytestmark = pytest.mark.interpretable
@@ -183,3 +183,54 @@ def test_chunk_attention_merge_matches_reference(query_lens, head_size, group):
     tolerance = 2e-2 if DTYPE == torch.bfloat16 else 2e-5
     torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
     assert torch.equal(got[n:], prefix_out[n:])  # rows past the batch untouched
+
+
+# -- the whole split against one FlashAttention call -------------------------------------------
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs FlashAttention on the GPU")
+@pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (128, 8), (256, 2)])
+@pytest.mark.parametrize("requests", [[(37, 5)], [(0, 9), (100, 1), (16, 4), (300, 5)]])
+def test_split_attention_matches_one_flash_attention_call(head_size, group, requests):
+    """FA over the committed prefix (with LSE) + the chunk-merge kernel == one causal FA call."""
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    torch.manual_seed(head_size + group + len(requests))
+    num_kv_heads, block_size, dtype = 2, 16, torch.bfloat16
+    num_q_heads = group * num_kv_heads
+    max_blocks = max(-(-(c + q) // block_size) for c, q in requests)
+    num_blocks = len(requests) * max_blocks + 1
+    raw = torch.randn(num_blocks, block_size, num_kv_heads, 2 * head_size, device=DEVICE)
+    raw = raw.to(dtype)
+    key_cache, value_cache = raw[..., :head_size], raw[..., head_size:]
+    block_table = torch.randperm(num_blocks - 1, device=DEVICE)[: len(requests) * max_blocks]
+    block_table = block_table.view(len(requests), max_blocks).int()
+    qsl = [0]
+    for _, q in requests:
+        qsl.append(qsl[-1] + q)
+    n = qsl[-1]
+    query = torch.randn(n, num_q_heads, head_size, device=DEVICE).to(dtype)
+    # The step's own K/V: what the layer gets as key/value, and (for the one-call reference)
+    # what the cache holds at the step's positions.
+    step_k = torch.empty(n, num_kv_heads, head_size, device=DEVICE, dtype=dtype)
+    step_v = torch.empty_like(step_k)
+    for i, (c, q) in enumerate(requests):
+        for j in range(q):
+            pos = c + j
+            block = block_table[i, pos // block_size]
+            step_k[qsl[i] + j] = key_cache[block, pos % block_size]
+            step_v[qsl[i] + j] = value_cache[block, pos % block_size]
+    cu = torch.tensor(qsl, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.tensor([c + q for c, q in requests], dtype=torch.int32, device=DEVICE)
+    prefix_lens = torch.tensor([c for c, _ in requests], dtype=torch.int32, device=DEVICE)
+    common = dict(q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu,
+                  max_seqlen_q=max(q for _, q in requests), block_table=block_table,
+                  softmax_scale=head_size**-0.5, max_seqlen_k=int(seq_lens.max()), fa_version=3)
+    reference = flash_attn_varlen_func(seqused_k=seq_lens, causal=True, **common)
+    out = torch.empty_like(query)
+    _, lse = flash_attn_varlen_func(seqused_k=prefix_lens, causal=False, out=out,
+                                    return_softmax_lse=True, **common)
+    chunk_attention_merge(query, step_k, step_v, cu, common["max_seqlen_q"], out, lse,
+                          head_size**-0.5)
+    error = (out.float() - reference.float()).norm() / reference.float().norm()
+    assert error < 1e-2, error
