@@ -118,16 +118,26 @@ class Engine:
         self.process = mp.get_context("spawn").Process(target=engine_main, args=(child, kwargs))
         start = time.perf_counter()
         self.process.start()
-        if self.conn.recv() != "ready":
+        if self._receive() != "ready":
             raise RuntimeError(f"engine {name} did not start")
         self.startup_seconds = time.perf_counter() - start
 
-    def run(self, batch_prompts: list[list[int]]) -> dict:
-        self.conn.send(("run", batch_prompts))
+    def _receive(self):
+        """Waits for the engine's reply; fails at once if its process died."""
+        while not self.conn.poll(1.0):
+            if not self.process.is_alive():
+                raise RuntimeError(
+                    f"engine {self.name} exited with code {self.process.exitcode}"
+                )
         return self.conn.recv()
 
+    def run(self, batch_prompts: list[list[int]]) -> dict:
+        self.conn.send(("run", batch_prompts))
+        return self._receive()
+
     def stop(self) -> None:
-        self.conn.send(("stop",))
+        if self.process.is_alive():
+            self.conn.send(("stop",))
         self.process.join(timeout=120)
 
 
@@ -176,11 +186,11 @@ def engine_kwargs(target: str, draft: str, method: str, k: int, L: float, nwor: 
 
 def run_cell(target, draft, method, k, L, batches, reps) -> dict:
     max_batch = max(batches)
-    engines = {}
-    for nwor in (False, True):
-        engines[nwor] = Engine("nwor" if nwor else "vllm",
-                               engine_kwargs(target, draft, method, k, L, nwor, max_batch))
+    engines: dict[bool, Engine] = {}
     try:
+        for nwor in (False, True):
+            engines[nwor] = Engine("nwor" if nwor else "vllm",
+                                   engine_kwargs(target, draft, method, k, L, nwor, max_batch))
         for engine in engines.values():  # warm-up: JIT compiles, first-call costs
             engine.run(prompts(2, seed=99))
         rows = []

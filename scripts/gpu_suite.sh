@@ -3,16 +3,19 @@
 # project next to vLLM in /tmp/site, then
 #   scripts/gpu_suite.sh tests               the GPU tests (tests/gpu), log + junit in $OUT
 #   scripts/gpu_suite.sh bench ARGS...       benchmarks/nwor_overhead.py ARGS, cells in $OUT
-# Results come back from $OUT; merge them into benchmarks/results/ with
+# Pass NWOR_COMMIT=<sha> (the tree travels without .git). Results come back from $OUT; merge
+# the benchmark's into benchmarks/results/ with
 #   python benchmarks/nwor_overhead.py --merge cells.jsonl --result benchmarks/results/...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
+python3 -c "import vllm" 2>/dev/null || {
+  echo "vLLM is not installed in /tmp/site: run the devkit's three calls first" >&2; exit 3; }
 python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site --upgrade . \
   || exit 1
-git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
+echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
 what="${1:-tests}"
 shift || true
 case "$what" in
