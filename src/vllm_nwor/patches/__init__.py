@@ -15,6 +15,11 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 9. ``FlashAttentionMetadataBuilder.get_cudagraph_support``: with NWOR on, verify batches run
    PIECEWISE (FULL graphs were captured without the staged path).
 10. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
+11. ``Scheduler.__init__``: create the SCV chunk policy when ``scv`` is on.
+12. ``Scheduler._update_after_schedule``: the draft budget for the drafter.
+13. ``AsyncScheduler._update_after_schedule``: per-request chunk cut of draft placeholders.
+14. ``Scheduler.update_draft_token_ids``: per-request chunk cut of new drafts.
+15. ``Scheduler.update_from_output``: feed the policy chunks, verdicts and step times.
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ from vllm_nwor.patches._patch import Patch
 
 
 def all_patches() -> list[Patch]:
-    from vllm_nwor.patches import cpu_attn, engine_args, flash_attn, model_runner, worker
+    from vllm_nwor.patches import (
+        cpu_attn,
+        engine_args,
+        flash_attn,
+        model_runner,
+        scheduler,
+        worker,
+    )
 
     return [
         *engine_args.PATCHES,
@@ -31,6 +43,7 @@ def all_patches() -> list[Patch]:
         *cpu_attn.PATCHES,
         *flash_attn.PATCHES,
         *worker.PATCHES,
+        *scheduler.PATCHES,
     ]
 
 

@@ -55,20 +55,33 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
 def check_engine_config(vllm_config: Any) -> None:
     """Refuses setups the plugin cannot serve, naming the setting and what is allowed."""
     config = config_from_additional(vllm_config.additional_config)
-    if not config.nwor:
+    if not config.enabled:
         return
-    if vllm_config.speculative_config is None:
+    features = ", ".join(
+        f"'{key}': {value!r}" for key, value in config.to_dict().items()
+        if key in ("nwor", "scv", "synthetic_acceptance_per_request")
+        and value != NworConfig().to_dict()[key]
+    )
+    speculative = vllm_config.speculative_config
+    if speculative is None:
         raise NworConfigError(
-            "'nwor': true needs speculative decoding; set a 'method' (for example "
+            f"{features} needs speculative decoding; set a 'method' (for example "
             "\"ngram\" or \"draft_model\") and 'num_speculative_tokens' in --speculative-config"
         )
     if vllm_config.use_v2_model_runner:
-        method = vllm_config.speculative_config.method
         raise NworConfigError(
-            f"'nwor': true needs vLLM's V1 model runner, but speculative method {method!r} "
-            "runs on the V2 runner here; set VLLM_USE_V2_MODEL_RUNNER=0 (supported methods: "
-            "ngram, draft_model)"
+            f"{features} needs vLLM's V1 model runner, but speculative method "
+            f"{speculative.method!r} runs on the V2 runner here; set "
+            "VLLM_USE_V2_MODEL_RUNNER=0 (supported methods: ngram, draft_model)"
         )
+    k = speculative.num_speculative_tokens
+    if config.scv_chunk_size is not None and config.scv_chunk_size > k:
+        raise NworConfigError(
+            f"'scv_chunk_size' is {config.scv_chunk_size}, but num_speculative_tokens is {k}; "
+            f"allowed: 1 to {k}"
+        )
+    if not config.nwor:
+        return
     if vllm_config.kv_transfer_config is not None:
         raise NworConfigError(
             "'nwor': true cannot be combined with --kv-transfer-config: connectors save each "
