@@ -43,6 +43,9 @@ class NworConfig:
     scv_cost_model: list | None = None
     """``[fixed, per_token, per_draft]`` step-cost seconds measured elsewhere, instead of
     fitting them online (the default)."""
+    draft_context_window: int | None = None
+    """draft_model: draft each request from its last W tokens (no length cap, no batch-wide
+    drop of drafts); see ``vllm_nwor.patches.draft_window``."""
     synthetic_acceptance_per_request: bool = False
     """Benchmark feature: honour ``SamplingParams.extra_args["synthetic_acceptance_rate"]``
     (see :mod:`vllm_nwor.synthetic`). Never for production traffic."""
@@ -50,7 +53,12 @@ class NworConfig:
     @property
     def enabled(self) -> bool:
         """Whether any plugin feature is switched on."""
-        return self.nwor or self.scv != "off" or self.synthetic_acceptance_per_request
+        return (
+            self.nwor
+            or self.scv != "off"
+            or self.draft_context_window is not None
+            or self.synthetic_acceptance_per_request
+        )
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> NworConfig:
@@ -97,11 +105,13 @@ _KEYS = {
     "scv_acceptance_window": _Key(int, "an integer >= 1 (steps)", minimum=1),
     "scv_cost_model": _Key(list, "null or [fixed, per_token, per_draft]: three seconds >= 0",
                            optional=True),
+    "draft_context_window": _Key(int, "null or an integer >= 1 (tokens)", minimum=1,
+                                 optional=True),
     "synthetic_acceptance_per_request": _Key(bool, "true or false"),
 }
 PLUGIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(NworConfig))
 assert set(PLUGIN_KEYS) == set(_KEYS)
-_PLUGIN_PREFIXES = ("nwor", "scv")
+_PLUGIN_PREFIXES = ("nwor", "scv", "draft_context")
 
 
 def _unknown_key_message(key: str, value: Any, where: str) -> str:

@@ -19,7 +19,7 @@ from cache_audit import CacheAudit, runner_of  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-from vllm_nwor.patches.model_runner import target_attention_layers  # noqa: E402
+from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
@@ -50,7 +50,7 @@ def main(target, draft, method, nwor, audit, inject_every, out_path) -> None:
         async_scheduling=False if audit else None,
     )
     runner = runner_of(llm)
-    layers = target_attention_layers(runner.get_model())
+    layers = attention_layers(runner.get_model())
     cache_audit = CacheAudit(llm, layers, read_fa_tokens, 16) if audit else None
     interceptor = getattr(runner, "_nwor_interceptor", None)
     if inject_every and interceptor is not None:

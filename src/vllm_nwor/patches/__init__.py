@@ -20,6 +20,7 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 13. ``AsyncScheduler._update_after_schedule``: per-request chunk cut of draft placeholders.
 14. ``Scheduler.update_draft_token_ids``: per-request chunk cut of new drafts.
 15. ``Scheduler.update_from_output``: feed the policy chunks, verdicts and step times.
+16. ``DraftModelProposer._get_model``: window the draft model's attention (draft context window).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from vllm_nwor.patches._patch import Patch
 def all_patches() -> list[Patch]:
     from vllm_nwor.patches import (
         cpu_attn,
+        draft_window,
         engine_args,
         flash_attn,
         model_runner,
@@ -44,6 +46,7 @@ def all_patches() -> list[Patch]:
         *flash_attn.PATCHES,
         *worker.PATCHES,
         *scheduler.PATCHES,
+        *draft_window.PATCHES,
     ]
 
 

@@ -82,6 +82,9 @@ class CpuAttnBackend:
     def fused_ops(self, layers, buffer) -> tuple[None, None]:
         return None, None  # the interceptor's generic stage and commit use vLLM's CPU op
 
+    def window_attention(self, impl, window: int) -> None:
+        impl.sliding_window = window  # CPUAttentionBackendImpl keeps vLLM's per-layer value
+
 
 BACKEND = CpuAttnBackend()
 

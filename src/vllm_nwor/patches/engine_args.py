@@ -18,6 +18,7 @@ from vllm_nwor.config import (
     split_plugin_keys,
 )
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.draft_window import lift_draft_limits
 
 
 def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
@@ -55,13 +56,17 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
 def check_engine_config(vllm_config: Any) -> None:
     """Refuses setups the plugin cannot serve, naming the setting and what is allowed."""
     config = config_from_additional(vllm_config.additional_config)
-    if not config.enabled:
+    defaults = NworConfig().to_dict()
+    given = {k: v for k, v in config.to_dict().items() if v != defaults[k]}
+    if not given:
         return
-    features = ", ".join(
-        f"'{key}': {value!r}" for key, value in config.to_dict().items()
-        if key in ("nwor", "scv", "synthetic_acceptance_per_request")
-        and value != NworConfig().to_dict()[key]
-    )
+    features = ", ".join(f"'{key}': {value!r}" for key, value in given.items())
+    tuning = [key for key in given if key.startswith("scv_")]
+    if tuning and config.scv == "off":
+        raise NworConfigError(
+            f"{', '.join(repr(k) for k in tuning)} set, but 'scv' is 'off'; set 'scv' to "
+            "'fixed' or 'adaptive', or drop them"
+        )
     speculative = vllm_config.speculative_config
     if speculative is None:
         raise NworConfigError(
@@ -80,6 +85,8 @@ def check_engine_config(vllm_config: Any) -> None:
             f"'scv_chunk_size' is {config.scv_chunk_size}, but num_speculative_tokens is {k}; "
             f"allowed: 1 to {k}"
         )
+    if config.draft_context_window is not None:
+        lift_draft_limits(vllm_config, config.draft_context_window)
     if not config.nwor:
         return
     if vllm_config.kv_transfer_config is not None:

@@ -110,6 +110,9 @@ class FlashAttnBackend:
 
         return stage, commit
 
+    def window_attention(self, impl, window: int) -> None:
+        impl.sliding_window = (window - 1, 0)  # FlashAttentionImpl's form of a causal window
+
     def prefix_lens(self, attn_metadata) -> torch.Tensor:
         """Committed tokens per request, ``seq_len - query_len``; once per step, on device."""
         if self._prefix_lens_for is not attn_metadata:

@@ -76,6 +76,9 @@ class NworBackend(Protocol):
     ) -> tuple[StageFn | None, CommitFn | None]:
         """Fused stage and commit, or None to use the interceptor's generic versions."""
 
+    def window_attention(self, impl: Any, window: int) -> None:
+        """Makes ``impl`` attend to the last ``window`` tokens (draft context window)."""
+
 
 def _backends() -> list[NworBackend]:
     from vllm_nwor.patches import cpu_attn, flash_attn
@@ -83,8 +86,8 @@ def _backends() -> list[NworBackend]:
     return [cpu_attn.BACKEND, flash_attn.BACKEND]
 
 
-def target_attention_layers(model: torch.nn.Module) -> list[Attention]:
-    """The target model's attention layers that write their own KV cache, in model order."""
+def attention_layers(model: torch.nn.Module) -> list[Attention]:
+    """A model's attention layers that write their own KV cache, in model order."""
     return [
         module
         for module in model.modules()
@@ -99,7 +102,7 @@ def bind(runner: GPUModelRunner) -> NworInterceptor | None:
     setattr(runner, INTERCEPTOR_ATTR, None)
     if not config.nwor:
         return None
-    layers = target_attention_layers(runner.get_model())
+    layers = attention_layers(runner.get_model())
     if not layers:
         raise NworConfigError("'nwor': true found no attention layers in the target model")
     backend = _backend_for(layers[0])
