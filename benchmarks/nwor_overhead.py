@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from common import append_jsonl  # noqa: E402
 from gpu_engines import (  # noqa: E402
     OUTPUT_LEN,
     PROMPT_LEN,
@@ -183,10 +184,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         for L in args.L:
-            record = run_cell(target, draft, args.method, args.k, L, args.batches, args.reps)
-            if args.jsonl:
-                with args.jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+            append_jsonl(args.jsonl,
+                         run_cell(target, draft, args.method, args.k, L, args.batches, args.reps))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from common import append_jsonl  # noqa: E402
 from gpu_engines import Engine, prompts, tokens_per_second, write_models  # noqa: E402
 
 REFERENCE_K = 4
@@ -140,10 +141,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         for policy in args.policies:
-            record = run_policy(policy, target, draft, args.batches, args.reps)
-            if args.jsonl:
-                with args.jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+            append_jsonl(args.jsonl, run_policy(policy, target, draft, args.batches, args.reps))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,27 @@ class NworBackend(Protocol):
         """Makes ``impl`` attend to the last ``window`` tokens (draft context window)."""
 
 
+def staged_binding(layer: Attention, attn_metadata: Any) -> LayerBinding | None:
+    """The layer's binding when its attention must take the staged path, else None."""
+    binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
+    if binding is None or attn_metadata is None:
+        return None
+    return binding if binding.interceptor.is_staged(binding.layer_idx) else None
+
+
+def wrap_kv_cache_update(do_kv_cache_update):
+    """A backend's ``do_kv_cache_update``: a bound layer's write goes to the interceptor during
+    a verify step; every other call (draft-model layers, other steps) is vLLM's own."""
+
+    def wrapper(self, layer, key, value, kv_cache, slot_mapping):
+        binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
+        if binding is None or not binding.interceptor.active:
+            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
+        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
+
+    return wrapper
+
+
 def _backends() -> list[NworBackend]:
     from vllm_nwor.patches import cpu_attn, flash_attn
 
