@@ -39,6 +39,14 @@ def test_nwor_without_speculative_decoding_is_refused(tiny_models):
         pass
 
 
+def test_fp8_kv_cache_is_refused_with_nwor(tiny_models):
+    target, _ = tiny_models
+    with pytest.raises(NworConfigError, match="kv_cache_dtype='fp8'"), engine(
+        target, spec_config("ngram", nwor=True), kv_cache_dtype="fp8"
+    ):
+        pass
+
+
 def test_unknown_vllm_keys_are_still_vllms_to_reject(tiny_models):
     target, _ = tiny_models
     with pytest.raises(Exception) as err, engine(target, spec_config("ngram", bogus_key=1)):

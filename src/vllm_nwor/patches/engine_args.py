@@ -94,6 +94,13 @@ def check_engine_config(vllm_config: Any) -> None:
             "'nwor': true cannot be combined with --kv-transfer-config: connectors save each "
             "layer's KV right after attention, before NWOR commits the accepted drafts"
         )
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype not in ("auto", "bfloat16", "float16"):
+        raise NworConfigError(
+            f"'nwor': true does not support kv_cache_dtype={cache_dtype!r} (allowed: 'auto', "
+            "'bfloat16', 'float16'): committing fp8 drafts would have to reproduce vLLM's "
+            "quantization exactly"
+        )
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise NworConfigError(
             "'nwor': true supports pipeline_parallel_size=1 only, got "
