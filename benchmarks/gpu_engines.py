@@ -25,20 +25,23 @@ LLAMA3_8B = dict(
 PROMPT_LEN, OUTPUT_LEN = 512, 128
 
 
-def write_models(root: Path) -> tuple[str, str]:
+def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[str, str]:
     """Config-only checkpoints (weights come from ``load_format="dummy"``): target, draft."""
     target, draft = root / "llama3-8b-shape", root / "draft-2layer"
     for path, layers in ((target, 32), (draft, 2)):
+        config = {**LLAMA3_8B, "num_hidden_layers": layers}
+        if path == draft and draft_max_positions:
+            config["max_position_embeddings"] = draft_max_positions
         path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps({**LLAMA3_8B, "num_hidden_layers": layers}))
+        (path / "config.json").write_text(json.dumps(config))
     return str(target), str(draft)
 
 
-def prompts(batch: int, seed: int) -> list[list[int]]:
+def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
     rng = random.Random(seed)
     # A repeated motif gives ngram something to match; the rest is random.
     return [[rng.randrange(1000, 120000) for _ in range(16)] * 8
-            + [rng.randrange(1000, 120000) for _ in range(PROMPT_LEN - 128)]
+            + [rng.randrange(1000, 120000) for _ in range(length - 128)]
             for _ in range(batch)]
 
 

@@ -4,6 +4,7 @@
 #   scripts/gpu_suite.sh tests [ARGS]          the GPU tests (tests/gpu), log + junit in $OUT
 #   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
+#   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git). Results come back from $OUT; merge
 # a benchmark's into benchmarks/results/ here with
 #   python benchmarks/<name>.py --merge <name>.jsonl --result benchmarks/results/...
@@ -23,9 +24,9 @@ case "$what" in
   tests)
     python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
       "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
-  nwor_overhead|scv_bench)
+  nwor_overhead|scv_bench|draft_window_bench)
     python3 "benchmarks/$what.py" --jsonl "$out/$what.jsonl" "$@" 2>&1 \
       | tee "$out/$what.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 tests|nwor_overhead|scv_bench [args]" >&2; exit 2 ;;
+    echo "usage: $0 tests|nwor_overhead|scv_bench|draft_window_bench [args]" >&2; exit 2 ;;
 esac
