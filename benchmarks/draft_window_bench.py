@@ -9,8 +9,9 @@ Two engines in one run, alternating batches: vLLM's draft_model path, and the sa
 - ``mixed`` workload: one request in eight is longer than the draft's limit: vLLM zeroes the
   whole batch's drafts while it runs; the window keeps everyone drafting.
 
-Acceptance comes from vLLM's synthetic rejection sampling (mean length L), so both engines
-accept the same share of what they draft.
+Acceptance is real rejection sampling: with dummy weights the draft nearly always agrees with
+the target, and vLLM's zeroed drafts are rejected. (Synthetic acceptance would accept zeroed
+drafts like real ones and hide the batch-wide drop.)
 
     python benchmarks/draft_window_bench.py --window 256 --jsonl $OUT/draft_window_bench.jsonl
     python benchmarks/draft_window_bench.py --merge draft_window_bench.jsonl \\
@@ -33,10 +34,8 @@ from common import append_jsonl  # noqa: E402
 from gpu_engines import Engine, prompts, tokens_per_second, write_models  # noqa: E402
 
 
-def engine_kwargs(target: str, draft: str, window: int | None, k: int, L: float,
-                  max_batch: int) -> dict:
-    speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
-                   "rejection_sample_method": "synthetic", "synthetic_acceptance_length": L}
+def engine_kwargs(target: str, draft: str, window: int | None, k: int, max_batch: int) -> dict:
+    speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
     if window:
         speculative["draft_context_window"] = window
     return dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
@@ -58,7 +57,6 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--draft-max", type=int, default=512)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--L", type=float, default=3.0)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--jsonl", type=Path)
@@ -74,7 +72,7 @@ def main() -> None:
         try:
             for window in (None, args.window):
                 engines[window] = Engine(f"window={window}", engine_kwargs(
-                    target, draft, window, args.k, args.L, max(args.batches)))
+                    target, draft, window, args.k, max(args.batches)))
             for engine in engines.values():
                 engine.run(prompts(2, seed=99))
             for workload in ("short", "mixed"):
@@ -87,7 +85,7 @@ def main() -> None:
                         for window in order:
                             runs[window].append(engines[window].run(batch_in))
                     row = {"workload": workload, "batch": batch, "window": args.window,
-                           "draft_max": args.draft_max, "k": args.k, "L": args.L}
+                           "draft_max": args.draft_max, "k": args.k}
                     for window, label in ((None, "vllm"), (args.window, "window")):
                         row[f"tok_s_{label}"] = round(statistics.median(
                             tokens_per_second(r) for r in runs[window]), 1)
