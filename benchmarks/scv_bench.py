@@ -31,7 +31,13 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl  # noqa: E402
-from gpu_engines import Engine, prompts, tokens_per_second, write_models  # noqa: E402
+from gpu_engines import (  # noqa: E402
+    OUTPUT_LEN,
+    Engine,
+    prompts,
+    tokens_per_second,
+    write_models,
+)
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv")
@@ -74,7 +80,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int) -> dict:
     return {**kwargs, "speculative_config": speculative}
 
 
-def run_policy(policy: str, target: str, draft: str, batches: list[int], reps: int) -> dict:
+def run_policy(policy: str, target: str, draft: str, batches: list[int], reps: int,
+               prompt_len: int) -> dict:
     engine = Engine(policy, engine_kwargs(policy, target, draft, max(batches)))
     results = []
     try:
@@ -83,7 +90,8 @@ def run_policy(policy: str, target: str, draft: str, batches: list[int], reps: i
             for batch in batches:
                 rates = [pattern[i % len(pattern)] for i in range(batch)]
                 extra = [{"synthetic_acceptance_rate": r} for r in rates]
-                runs = [engine.run(prompts(batch, seed=1000 * batch + rep), extra)
+                runs = [engine.run(prompts(batch, seed=1000 * batch + rep, length=prompt_len),
+                                   extra)
                         for rep in range(reps)]
                 tok_s = statistics.median(tokens_per_second(r) for r in runs)
                 drafted = sum(r["drafted"] for r in runs)
@@ -96,7 +104,7 @@ def run_policy(policy: str, target: str, draft: str, batches: list[int], reps: i
     finally:
         engine.stop()
     return {"policy": policy, "startup_seconds": round(engine.startup_seconds, 1),
-            "rows": results}
+            "prompt_len": prompt_len, "reps": reps, "rows": results}
 
 
 def merge(jsonl: Path, result: Path) -> None:
@@ -116,7 +124,9 @@ def merge(jsonl: Path, result: Path) -> None:
             if "scv" in tok_s and others else None,
         })
     payload = {**environment(), "benchmark": "scv",
-               "workload": {"prompt_len": 512, "output_len": 128,
+               "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
+                            "output_len": OUTPUT_LEN,
+                            "reps": sorted({r["reps"] for r in records}),
                             "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft",
                             "rates": workloads(), "batch_schedule": BATCH_SCHEDULE},
                "startup_seconds": {r["policy"]: r["startup_seconds"] for r in records},
@@ -131,6 +141,8 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--prompt-len", type=int, default=128,
+                        help="prompt tokens (>= 128); short prompts keep the run decode-bound")
     parser.add_argument("--jsonl", type=Path)
     parser.add_argument("--merge", type=Path)
     parser.add_argument("--result", type=Path)
@@ -141,7 +153,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         for policy in args.policies:
-            append_jsonl(args.jsonl, run_policy(policy, target, draft, args.batches, args.reps))
+            append_jsonl(args.jsonl, run_policy(policy, target, draft, args.batches, args.reps,
+                                                args.prompt_len))
 
 
 if __name__ == "__main__":
