@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -12,6 +13,9 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def git_commit() -> str:
+    """HEAD of this checkout; NWOR_COMMIT where the tree travelled without .git (GPU machine)."""
+    if os.environ.get("NWOR_COMMIT"):
+        return os.environ["NWOR_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).parent, check=True).stdout.strip()
@@ -37,6 +41,13 @@ def environment() -> dict:
         "vllm_nwor": vllm_nwor.__version__,
         "device": device or platform.machine(),
     }
+
+
+def append_jsonl(path: Path | None, record: dict) -> None:
+    """Appends one record (a GPU run's partial result survives a timed-out call)."""
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def write_result(name: str, payload: dict) -> Path:

@@ -1,15 +1,16 @@
-"""Verify attention over the committed prefix and the staged chunk: the PyTorch reference.
+"""Verify attention over the committed prefix and the step's chunk: the PyTorch reference.
 
 In a staged verify step a request's draft K/V are not in the paged KV cache, so its attention is
-computed in two parts and merged by log-sum-exp. For a query row at position ``p`` of a request
-with ``c`` tokens in the cache (the committed prefix) and ``d`` staged tokens at positions
-``[c, c + d)``:
+computed in two parts and merged by log-sum-exp. A request whose step schedules ``q`` rows (its
+last sampled token and its drafts, or a prompt chunk) at positions ``[c, c + q)``, with ``c``
+tokens committed before the step:
 
-- prefix part: causal attention over the cache, keys at positions ``<= min(p, c - 1)``;
-- chunk part: causal attention over the staged chunk, keys at positions ``c .. p``;
+- prefix part: attention over the cache's ``c`` committed tokens, all visible to every row;
+- chunk part: causal attention over the step's own ``q`` rows, read from the layer's key/value
+  inputs (so staged drafts are seen without ever being in the cache);
 
-and ``merge_attn_states`` of the two equals causal attention over all keys ``<= p``. Requests
-without drafts have ``d = 0`` and reduce to ordinary causal attention over the cache.
+and ``merge_attn_states`` of the two equals causal attention over all keys ``<= p`` for the row
+at position ``p``. The same split serves every request in the batch, with or without drafts.
 
 This module is the reference the GPU kernels are tested against, and the path the CPU backend
 uses. It imports nothing from vLLM.
@@ -69,51 +70,36 @@ def merge_attn_states(
 
 def chunk_verify_attention(
     query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     query_start_loc: Sequence[int],
     seq_lens: Sequence[int],
-    num_staged: Sequence[int],
     read_prefix: ReadPrefix,
-    staged_key: torch.Tensor,
-    staged_value: torch.Tensor,
     scale: float,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """Attention for a whole batch, each request over its cached prefix plus its staged chunk.
+    """Attention for a whole batch: each request's committed prefix merged with its chunk.
 
     Args:
-        query: ``[N, Hq, D]`` rows of the flattened batch.
+        query: ``[N, Hq, D]``; key, value: ``[N, Hkv, D]``: the step's rows, flattened batch.
         query_start_loc: ``[B + 1]`` row offsets per request.
-        seq_lens: ``[B]`` tokens per request after this step, staged ones included.
-        num_staged: ``[B]`` staged tokens per request (the last rows of its query).
+        seq_lens: ``[B]`` tokens per request after this step (committed + scheduled).
         read_prefix: reads a request's first ``n`` tokens' K/V from the paged cache.
-        staged_key, staged_value: ``[sum(num_staged), Hkv, D]`` in request order.
         out: ``[>= N, Hq, D]`` written in place for the batch's rows and returned.
     """
-    staged_start = 0
     for i, seq_len in enumerate(seq_lens):
         q_start, q_end = int(query_start_loc[i]), int(query_start_loc[i + 1])
-        num_q, d = q_end - q_start, int(num_staged[i])
+        num_q = q_end - q_start
         if num_q == 0:
             continue
-        cached = int(seq_len) - d
-        positions = torch.arange(int(seq_len) - num_q, int(seq_len), device=query.device)
+        committed = int(seq_len) - num_q
         q = query[q_start:q_end]
-
-        prefix_k, prefix_v = read_prefix(i, cached)
-        prefix_pos = torch.arange(cached, device=query.device)
-        result, lse = attention_with_lse(
-            q, prefix_k, prefix_v, prefix_pos[None, :] <= positions[:, None], scale
+        prefix_k, prefix_v = read_prefix(i, committed)
+        everything = torch.ones(num_q, committed, dtype=torch.bool, device=query.device)
+        result, lse = attention_with_lse(q, prefix_k, prefix_v, everything, scale)
+        causal = torch.ones(num_q, num_q, dtype=torch.bool, device=query.device).tril()
+        chunk_out, chunk_lse = attention_with_lse(
+            q, key[q_start:q_end], value[q_start:q_end], causal, scale
         )
-        if d:
-            chunk_pos = torch.arange(cached, cached + d, device=query.device)
-            chunk_out, chunk_lse = attention_with_lse(
-                q,
-                staged_key[staged_start : staged_start + d],
-                staged_value[staged_start : staged_start + d],
-                chunk_pos[None, :] <= positions[:, None],
-                scale,
-            )
-            result = merge_attn_states(result, lse, chunk_out, chunk_lse)
-            staged_start += d
-        out[q_start:q_end] = result.to(out.dtype)
+        out[q_start:q_end] = merge_attn_states(result, lse, chunk_out, chunk_lse).to(out.dtype)
     return out

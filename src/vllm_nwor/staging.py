@@ -11,7 +11,9 @@ draft row
 staged
     A draft row whose K/V sits in the :class:`StagingBuffer` instead of the paged KV cache.
 chunk
-    One request's staged tokens in one verify step.
+    One request's rows in one verify step: its last sampled token and its drafts (or a prompt
+    chunk, for a request without drafts). Verify attention sees the chunk from the layer's own
+    key/value inputs, so staged drafts are visible without being in the cache.
 committed
     A staged token whose draft rejection sampling accepted. Its K/V is written to the paged KV
     cache for every layer, through the one slot mapping all layers share.
@@ -54,6 +56,16 @@ PlainWrite = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 CommitFn = Callable[["StagingBuffer", torch.Tensor], None]
 """Writes the buffer's tokens of every layer through ``slot_mapping`` (``-1`` = skip)."""
 
+StageFn = Callable[
+    [int, torch.Tensor, torch.Tensor, torch.Tensor, "VerifyStep", "StagingBuffer"], None
+]
+"""A backend's fused stage: ``(layer_idx, key, value, slot_mapping, step, buffer)``.
+
+Copies the step's draft rows of ``key``/``value`` into ``buffer`` (``buffer.key[layer_idx]``,
+``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, in staged-token order) and writes every
+other row through ``slot_mapping`` exactly as vLLM's own write would.
+"""
+
 
 class FallbackReason(str, enum.Enum):
     """Why a verify step took vLLM's plain write path."""
@@ -71,18 +83,59 @@ class StagingOverflow(ValueError):
     """A verify step has more draft tokens than the staging buffer holds."""
 
 
+class IndexUploader:
+    """Copies a step's host index arrays to the device in one copy, without a stream sync.
+
+    On CUDA the host side is pinned and double-buffered: the CPU may prepare step N+1 while
+    step N's copy is still queued, so a host buffer is reused only after its copy completed.
+    The device buffer is reused every step; the step that last read it (its commit) is queued
+    before the next step's copy on the same stream.
+    """
+
+    def __init__(self, capacity: int, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        pin = self.device.type == "cuda"
+        self._device_buffer = torch.empty(capacity, dtype=torch.int64, device=self.device)
+        self._host = [torch.empty(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._events: list = [None, None]
+        self._turn = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._device_buffer.shape[0]
+
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        n = len(array)
+        if n > self.capacity:
+            raise StagingOverflow(f"{n} step indices exceed the upload buffer of {self.capacity}")
+        turn, self._turn = self._turn, self._turn ^ 1
+        if self._events[turn] is not None:
+            self._events[turn].synchronize()
+        host = self._host[turn][:n]
+        host.numpy()[:] = array
+        device = self._device_buffer[:n]
+        device.copy_(host, non_blocking=True)
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            self._events[turn] = event
+        return device
+
+
 @dataclass(frozen=True)
 class VerifyStep:
     """Where a verify step's draft tokens sit in the flattened batch.
 
     Staged token ``t`` (request-major order) is draft ``token_pos[t]`` of request
-    ``token_req[t]`` and sits in batch row ``draft_rows[t]``.
+    ``token_req[t]`` and sits in batch row ``draft_rows[t]``. ``row_stage_index[r]`` is the
+    inverse: the staged token in batch row ``r``, or -1 for rows that are written directly.
     """
 
     num_draft_tokens: tuple[int, ...]
     draft_rows: torch.Tensor
     token_req: torch.Tensor
     token_pos: torch.Tensor
+    row_stage_index: torch.Tensor
 
     @classmethod
     def from_batch(
@@ -90,10 +143,12 @@ class VerifyStep:
         num_draft_tokens: Sequence[int],
         query_start_loc: Sequence[int] | np.ndarray,
         device: torch.device | str,
+        uploader: IndexUploader | None = None,
     ) -> VerifyStep | None:
         """Builds the step from per-request draft counts and query start locations (host).
 
-        Returns ``None`` when no request has drafts.
+        Returns ``None`` when no request has drafts. With an ``uploader`` the indices reach the
+        device in one copy that does not sync the stream.
         """
         counts = np.asarray(num_draft_tokens, dtype=np.int64)
         if counts.sum() == 0:
@@ -109,15 +164,21 @@ class VerifyStep:
         chunk_start = np.cumsum(counts) - counts
         token_pos = np.arange(counts.sum()) - np.repeat(chunk_start, counts)
         draft_rows = qsl[1:][token_req] - counts[token_req] + token_pos
-
-        def to_device(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(device=device, non_blocking=True)
-
+        row_stage_index = np.full(qsl[-1], -1, dtype=np.int64)
+        row_stage_index[draft_rows] = np.arange(len(draft_rows))
+        parts = (draft_rows, token_req, token_pos, row_stage_index)
+        packed = np.concatenate(parts)
+        if uploader is None:
+            uploaded = torch.from_numpy(packed).to(device)
+        else:
+            uploaded = uploader.upload(packed)
+        views = torch.split(uploaded, [len(p) for p in parts])
         return cls(
             num_draft_tokens=tuple(int(c) for c in counts),
-            draft_rows=to_device(draft_rows),
-            token_req=to_device(token_req),
-            token_pos=to_device(token_pos),
+            draft_rows=views[0],
+            token_req=views[1],
+            token_pos=views[2],
+            row_stage_index=views[3],
         )
 
     @property
@@ -207,6 +268,10 @@ class StagingBuffer:
         self.value[layer_idx, start : start + n].copy_(value)
         self._staged[layer_idx, start : start + n] = True
 
+    def mark_staged(self, layer_idx: int) -> None:
+        """Records that a fused stage filled every token of ``layer_idx`` (see ``StageFn``)."""
+        self._staged[layer_idx, : self.num_tokens] = True
+
     def is_staged(self, layer_idx: int) -> bool:
         """Whether every token of the step is staged for ``layer_idx``."""
         return bool(self._staged[layer_idx, : self.num_tokens].all())
@@ -266,11 +331,13 @@ class NworInterceptor:
 
     Args:
         buffer: where draft K/V wait for the verdict.
-        plain_write: vLLM's own write path for one layer. Non-draft rows always go through it,
-            and so does every fallback.
+        plain_write: vLLM's own write path for one layer. Every fallback goes through it.
         commit_fn: writes all layers' accepted tokens at once. Defaults to ``plain_write`` for
             each layer in turn. If it raises, the commit is redone with ``plain_write``.
+        stage_fn: a backend's fused stage (one launch per layer). Defaults to gathering the
+            draft rows into the buffer and writing the rest with ``plain_write``.
         kv_bytes_per_token: bytes one token's K and V take in the paged cache, all target layers.
+        uploader: carries each step's indices to the device (see :class:`IndexUploader`).
     """
 
     def __init__(
@@ -278,12 +345,16 @@ class NworInterceptor:
         buffer: StagingBuffer,
         plain_write: PlainWrite,
         commit_fn: CommitFn | None = None,
+        stage_fn: StageFn | None = None,
         *,
         kv_bytes_per_token: int,
+        uploader: IndexUploader | None = None,
     ) -> None:
         self.buffer = buffer
+        self.uploader = uploader
         self.plain_write = plain_write
         self.commit_fn = commit_fn or self._commit_with_plain_writes
+        self.stage_fn = stage_fn
         self.kv_bytes_per_token = kv_bytes_per_token
         self._step: VerifyStep | None = None
         self._failed = False
@@ -335,26 +406,21 @@ class NworInterceptor:
             self.plain_write(layer_idx, key, value, slot_mapping)
             return
         try:
-            direct_slots = self._stage(layer_idx, key, value, slot_mapping)
+            self._stage(layer_idx, key, value, slot_mapping)
         except _Fallback as fallback:
             reason = fallback.reason
         except Exception:
             logger.exception("NWOR: staging layer %d failed; falling back", layer_idx)
             reason = FallbackReason.STAGE_ERROR
         else:
-            self.plain_write(layer_idx, key, value, direct_slots)
             return
         self._fall_back(reason)
         self.plain_write(layer_idx, key, value, slot_mapping)
 
-    def staged_chunk(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The staged K/V that layer ``layer_idx``'s attention must see, or ``None``.
-
-        ``None`` means the layer's draft K/V are in the paged cache (no step, or a fallback).
-        """
-        if self._step is None or self._failed or not self.buffer.is_staged(layer_idx):
-            return None
-        return self.buffer.chunk(layer_idx)
+    def is_staged(self, layer_idx: int) -> bool:
+        """Whether layer ``layer_idx``'s drafts are staged, so its attention must not read
+        this step's rows from the cache. False outside a step and after a fallback."""
+        return self._step is not None and not self._failed and self.buffer.is_staged(layer_idx)
 
     def commit(self, accepted: torch.Tensor) -> None:
         """Writes the accepted staged tokens of every layer; rejected ones are dropped.
@@ -424,23 +490,28 @@ class NworInterceptor:
         key: torch.Tensor,
         value: torch.Tensor,
         slot_mapping: torch.Tensor,
-    ) -> torch.Tensor:
-        """Stages the draft rows; returns the slot mapping for the direct write of the rest."""
+    ) -> None:
+        """Stages the layer's draft rows and writes the rest, or raises ``_Fallback``."""
         if any(is_fake(t) or t.is_meta for t in (key, value, slot_mapping)):
             raise _Fallback(FallbackReason.FAKE_TENSOR)
-        assert self._step is not None
-        rows = self._step.draft_rows
+        step = self._step
+        assert step is not None
         if self._slot_source is None:
-            # First layer of the step: the slot mapping all layers share.
+            self._slot_source = slot_mapping  # first layer: the slot mapping all layers share
+        elif slot_mapping is not self._slot_source:
+            raise _Fallback(FallbackReason.SLOT_MAPPING)
+        if self.stage_fn is not None:
+            self.stage_fn(layer_idx, key, value, slot_mapping, step, self.buffer)
+            self.buffer.mark_staged(layer_idx)
+            return
+        rows = step.draft_rows
+        if self._direct_slots is None:
             direct = slot_mapping.clone()
             direct[rows] = PAD_SLOT_ID
             self.buffer.set_slots(slot_mapping[rows])
-            self._slot_source, self._direct_slots = slot_mapping, direct
-        elif slot_mapping is not self._slot_source:
-            raise _Fallback(FallbackReason.SLOT_MAPPING)
+            self._direct_slots = direct
         self.buffer.stage(layer_idx, 0, key[rows], value[rows])
-        assert self._direct_slots is not None
-        return self._direct_slots
+        self.plain_write(layer_idx, key, value, self._direct_slots)
 
     def _fall_back(self, reason: FallbackReason) -> None:
         """All-or-nothing: every layer staged so far gets vLLM's write of all its drafts now."""

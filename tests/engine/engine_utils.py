@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from cache_audit import runner_of
 from vllm import LLM, SamplingParams
 
 # Mixed prompt lengths; the longest exceed max_num_batched_tokens, so they are prefilled in
@@ -68,12 +69,7 @@ def spec_decode_stats(llm: LLM) -> tuple[int, int]:
     )
 
 
-def runner_of(llm: LLM):
-    """The in-process model runner (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-
-
 def target_layers(llm: LLM) -> list:
-    from vllm_nwor.patches.model_runner import target_attention_layers
+    from vllm_nwor.patches.model_runner import attention_layers
 
-    return target_attention_layers(runner_of(llm).get_model())
+    return attention_layers(runner_of(llm).get_model())

@@ -6,7 +6,9 @@ argv: target checkpoint path. The caller decides (through VLLM_PLUGINS) whether 
 import json
 import os
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -1,4 +1,4 @@
-"""Chunk-verify attention (prefix + staged chunk, LSE merge) against plain causal attention."""
+"""Chunk-verify attention (committed prefix + the step's chunk, LSE merge) vs plain causal."""
 
 from __future__ import annotations
 
@@ -23,39 +23,37 @@ def causal_reference(query, keys, values, q_positions, scale):
 @pytest.mark.parametrize(
     "requests",
     [
-        # (tokens already cached before this step, scheduled rows, staged drafts)
-        [(10, 4, 3)],
-        [(5, 1, 0), (0, 9, 0), (17, 5, 4), (3, 2, 1)],  # decode, prefill, verify, verify
-        [(1, 1, 0)],
-        [(30, 3, 2), (8, 6, 0)],  # verify beside a prefill chunk with history
+        # (tokens committed before this step, rows scheduled in this step)
+        [(10, 4)],  # verify: last sampled token + 3 drafts
+        [(5, 1), (0, 9), (17, 5), (3, 2)],  # decode, first prefill chunk, verify, verify
+        [(1, 1)],
+        [(30, 3), (8, 6)],  # verify beside a prefill chunk with history
     ],
 )
 def test_matches_causal_attention_over_the_whole_sequence(requests, num_q_heads, num_kv_heads):
     torch.manual_seed(0)
     dim, scale = 16, 16**-0.5
-    seqs, queries, staged_k, staged_v, qsl, seq_lens, num_staged = [], [], [], [], [0], [], []
-    for cached, rows, drafts in requests:
-        seq_len = cached + rows
+    seqs, queries, step_k, step_v, qsl, seq_lens = [], [], [], [], [0], []
+    for committed, rows in requests:
+        seq_len = committed + rows
         k = torch.randn(seq_len, num_kv_heads, dim)
         v = torch.randn(seq_len, num_kv_heads, dim)
-        q = torch.randn(rows, num_q_heads, dim)
         seqs.append((k, v))
-        queries.append(q)
-        staged_k.append(k[seq_len - drafts :])
-        staged_v.append(v[seq_len - drafts :])
+        queries.append(torch.randn(rows, num_q_heads, dim))
+        step_k.append(k[committed:])
+        step_v.append(v[committed:])
         qsl.append(qsl[-1] + rows)
         seq_lens.append(seq_len)
-        num_staged.append(drafts)
     query = torch.cat(queries)
 
     def read_prefix(i, n):
-        # Only the non-staged part is "in the cache"; reading past it is a bug.
-        assert n == seq_lens[i] - num_staged[i]
+        # Only the committed prefix may come from the cache: the step's drafts are not there.
+        assert n == seq_lens[i] - (qsl[i + 1] - qsl[i])
         return seqs[i][0][:n], seqs[i][1][:n]
 
     out = torch.full((len(query) + 2, num_q_heads, dim), 99.0)  # 2 padding rows
-    chunk_verify_attention(query, qsl, seq_lens, num_staged, read_prefix,
-                           torch.cat(staged_k), torch.cat(staged_v), scale, out)
+    chunk_verify_attention(query, torch.cat(step_k), torch.cat(step_v), qsl, seq_lens,
+                           read_prefix, scale, out)
     for i, (k, v) in enumerate(seqs):
         rows = slice(qsl[i], qsl[i + 1])
         positions = torch.arange(seq_lens[i] - (qsl[i + 1] - qsl[i]), seq_lens[i])

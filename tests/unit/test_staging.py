@@ -109,6 +109,7 @@ def begin(interceptor: NworInterceptor) -> VerifyStep:
 def test_verify_step_places_drafts_at_the_end_of_each_request():
     step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
     assert step.draft_rows.tolist() == DRAFT_ROWS
+    assert step.row_stage_index.tolist() == [-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4]
     assert step.token_req.tolist() == [0, 0, 2, 2, 2]
     assert step.token_pos.tolist() == [0, 1, 0, 1, 2]
     assert VerifyStep.from_batch([0, 0], [0, 1, 5], "cpu") is None
@@ -144,18 +145,19 @@ def test_commit_writes_exactly_non_draft_rows_and_accepted_drafts(accepted):
     assert not interceptor.active
 
 
-def test_staged_chunk_is_visible_to_attention_until_commit():
+def test_attention_knows_which_layers_are_staged_until_commit():
     cache = FakeCache()
     interceptor = make_interceptor(cache)
     step = begin(interceptor)
-    assert interceptor.staged_chunk(0) is None  # layer 0 has not staged yet
+    assert not interceptor.is_staged(0)  # layer 0 has not staged yet
     run_forward(interceptor, layers=[0])
-    key, value = interceptor.staged_chunk(0)
+    assert interceptor.is_staged(0) and not interceptor.is_staged(1)
+    key, value = interceptor.buffer.chunk(0)
     full_key, full_value = layer_kv(0, NUM_ROWS)
     assert torch.equal(key, full_key[DRAFT_ROWS]) and torch.equal(value, full_value[DRAFT_ROWS])
     run_forward(interceptor, layers=[1, 2, 3])
     interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
-    assert interceptor.staged_chunk(0) is None
+    assert not interceptor.is_staged(0)
 
 
 # -- buffer: explicit token indexing ---------------------------------------------------------
@@ -264,7 +266,7 @@ def test_stage_failure_is_all_or_nothing(fail_layer):
     run_forward(interceptor)
     # Every layer now holds every row, drafts included, as vLLM would have written them.
     assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
-    assert all(interceptor.staged_chunk(layer) is None for layer in range(NUM_LAYERS))
+    assert not any(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
     interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
     assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
     counters = interceptor.counters()
@@ -334,7 +336,7 @@ def test_seed_bug1_staging_starts_once_per_step_not_per_layer():
     step = begin(interceptor)
     run_forward(interceptor)
     assert all(interceptor.buffer.is_staged(layer) for layer in range(NUM_LAYERS))
-    assert all(interceptor.staged_chunk(layer) is not None for layer in range(NUM_LAYERS))
+    assert all(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
     # No layer wrote a draft row directly.
     for layer_idx, slots in cache.writes:
         assert not {20 + r for r in DRAFT_ROWS} & set(slots), layer_idx
@@ -350,7 +352,7 @@ def test_seed_bug2_each_layer_stages_at_its_own_index():
     run_forward(interceptor)
     for layer_idx in range(NUM_LAYERS):
         key, _ = layer_kv(layer_idx, NUM_ROWS)
-        assert torch.equal(interceptor.staged_chunk(layer_idx)[0], key[DRAFT_ROWS])
+        assert torch.equal(interceptor.buffer.chunk(layer_idx)[0], key[DRAFT_ROWS])
 
 
 def test_seed_bug3_accepted_drafts_reach_the_cache():
@@ -372,7 +374,7 @@ def test_seed_bug4_the_write_path_works_with_nwor_off_and_outside_verify_steps()
     cache = FakeCache()
     interceptor = make_interceptor(cache)
     assert interceptor.begin(None) is False
-    assert interceptor.staged_chunk(0) is None and interceptor.step is None
+    assert not interceptor.is_staged(0) and interceptor.step is None
     interceptor.commit(torch.zeros(0, dtype=torch.bool))  # no step: nothing to do
     assert interceptor.counters().verify_steps_staged == 0
 

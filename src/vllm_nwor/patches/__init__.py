@@ -10,7 +10,17 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 4. ``GPUModelRunner._sample``: commit the accepted drafts after rejection sampling.
 5. ``CPUAttentionBackendImpl.do_kv_cache_update``: stage draft rows of bound layers.
 6. ``CPUAttentionBackendImpl.forward``: chunk-verify attention in staged steps (and no 2nd write).
-7. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
+7. ``FlashAttentionImpl.do_kv_cache_update``: fused stage kernel for bound layers.
+8. ``FlashAttentionImpl.forward``: FA over the prefix + Triton chunk-and-merge in staged steps.
+9. ``FlashAttentionMetadataBuilder.get_cudagraph_support``: with NWOR on, verify batches run
+   PIECEWISE (FULL graphs were captured without the staged path).
+10. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
+11. ``Scheduler.__init__``: create the SCV chunk policy when ``scv`` is on.
+12. ``Scheduler._update_after_schedule``: the draft budget for the drafter.
+13. ``AsyncScheduler._update_after_schedule``: per-request chunk cut of draft placeholders.
+14. ``Scheduler.update_draft_token_ids``: per-request chunk cut of new drafts.
+15. ``Scheduler.update_from_output``: feed the policy chunks, verdicts and step times.
+16. ``DraftModelProposer._get_model``: window the draft model's attention (draft context window).
 """
 
 from __future__ import annotations
@@ -19,9 +29,25 @@ from vllm_nwor.patches._patch import Patch
 
 
 def all_patches() -> list[Patch]:
-    from vllm_nwor.patches import cpu_attn, engine_args, model_runner, worker
+    from vllm_nwor.patches import (
+        cpu_attn,
+        draft_window,
+        engine_args,
+        flash_attn,
+        model_runner,
+        scheduler,
+        worker,
+    )
 
-    return [*engine_args.PATCHES, *model_runner.PATCHES, *cpu_attn.PATCHES, *worker.PATCHES]
+    return [
+        *engine_args.PATCHES,
+        *model_runner.PATCHES,
+        *cpu_attn.PATCHES,
+        *flash_attn.PATCHES,
+        *worker.PATCHES,
+        *scheduler.PATCHES,
+        *draft_window.PATCHES,
+    ]
 
 
 def apply_all() -> int:

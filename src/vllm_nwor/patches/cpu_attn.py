@@ -3,8 +3,8 @@
 vLLM 0.26's CPU backend writes a layer's KV twice: in ``do_kv_cache_update`` and again inside
 ``forward`` (fixed upstream by 0.33). In a staged verify step both are intercepted:
 ``do_kv_cache_update`` hands the write to the interceptor (drafts staged, other rows written), and
-``forward`` computes attention over the cached prefix merged with the staged chunk itself, so its
-second write never happens. Every other call goes to vLLM unchanged.
+``forward`` computes attention over the committed prefix merged with the step's chunk itself, so
+its second write never happens. Every other call goes to vLLM unchanged.
 
 The CPU attention kernel returns no log-sum-exp, so the staged step's attention is the PyTorch
 reference in :mod:`vllm_nwor.attention`, reading the cache through a layout learned from the
@@ -23,7 +23,7 @@ from vllm_nwor.attention import chunk_verify_attention
 from vllm_nwor.config import NworConfigError
 from vllm_nwor.kv_layout import PagedKVLayout
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import BINDING_ATTR, LayerBinding
+from vllm_nwor.patches.model_runner import staged_binding, wrap_kv_cache_update
 
 
 def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -79,35 +79,22 @@ class CpuAttnBackend:
             )
         return self._layouts[key]
 
+    def fused_ops(self, layers, buffer) -> tuple[None, None]:
+        return None, None  # the interceptor's generic stage and commit use vLLM's CPU op
+
+    def window_attention(self, impl, window: int) -> None:
+        impl.sliding_window = window  # CPUAttentionBackendImpl keeps vLLM's per-layer value
+
 
 BACKEND = CpuAttnBackend()
 
 
-def _binding(layer) -> LayerBinding | None:
-    return getattr(layer, BINDING_ATTR, None)
-
-
-def _wrap_do_kv_cache_update(do_kv_cache_update):
-    def wrapper(self, layer, key, value, kv_cache, slot_mapping):
-        binding = _binding(layer)
-        if binding is None or not binding.interceptor.active:
-            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
-        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
-
-    return wrapper
-
-
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        binding = _binding(layer)
-        chunk = None
-        if binding is not None and attn_metadata is not None:
-            chunk = binding.interceptor.staged_chunk(binding.layer_idx)
-        if chunk is None:
+        binding = staged_binding(layer, attn_metadata)
+        if binding is None:
             return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                            *args, **kwargs)
-        step = binding.interceptor.step
-        assert step is not None
         layout: PagedKVLayout = binding.backend_state
         block_table = attn_metadata.block_table
         query_start_loc = attn_metadata.query_start_loc.tolist()
@@ -116,14 +103,14 @@ def _wrap_forward(forward):
         def read_prefix(req: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
             return layout.gather(kv_cache, block_table[req], num_tokens)
 
-        num_tokens = attn_metadata.num_actual_tokens
+        n = attn_metadata.num_actual_tokens
         chunk_verify_attention(
-            query[:num_tokens],
+            query[:n],
+            key[:n],
+            value[:n],
             query_start_loc,
             attn_metadata.seq_lens[:num_reqs].tolist(),
-            step.num_draft_tokens,
             read_prefix,
-            *chunk,
             self.scale,
             output,
         )
@@ -136,7 +123,7 @@ PATCHES = [
     Patch(
         CPUAttentionBackendImpl,
         "do_kv_cache_update",
-        _wrap_do_kv_cache_update,
+        wrap_kv_cache_update,
         why="Route a bound target layer's KV write through the interceptor during a verify "
         "step. Draft-model layers are unbound and untouched.",
     ),

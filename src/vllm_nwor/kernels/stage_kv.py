@@ -1,0 +1,169 @@
+"""The KV update of a staged verify step: draft rows to the staging buffer, the rest to the cache.
+
+One launch per layer, in place of vLLM's ``reshape_and_cache_flash``. Row ``r`` of the step:
+
+- ``row_stage_index[r] >= 0``: a draft. Its K/V go to ``staged_key/value[row_stage_index[r]]``
+  and its slot to ``staged_slots[row_stage_index[r]]``; the paged cache is not touched.
+- otherwise, if ``slot_mapping[r] >= 0``: K/V are copied to the cache at block
+  ``slot // block_size``, offset ``slot % block_size``: the bytes vLLM writes for an unquantized
+  cache. A slot of -1 (padding) writes nothing.
+
+Rows at or beyond ``len(row_stage_index)`` are treated as not staged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_nwor.kernels._common import (
+    HAS_TRITON,
+    check,
+    check_dtype,
+    check_inner_contiguous,
+    check_same_device,
+    check_shape,
+    tl,
+    triton,
+    use_triton,
+)
+
+
+def stage_kv_reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    row_stage_index: torch.Tensor,
+    staged_key: torch.Tensor,
+    staged_value: torch.Tensor,
+    staged_slots: torch.Tensor,
+) -> None:
+    n = slot_mapping.shape[0]
+    stage_index = torch.full((n,), -1, dtype=torch.int64, device=key.device)
+    m = min(n, row_stage_index.shape[0])
+    stage_index[:m] = row_stage_index[:m].long()
+    staged = stage_index >= 0
+    idx = stage_index[staged]
+    staged_key[idx] = key[:n][staged]
+    staged_value[idx] = value[:n][staged]
+    staged_slots[idx] = slot_mapping[staged].long()
+    direct = (~staged) & (slot_mapping >= 0)
+    slots = slot_mapping[direct].long()
+    block_size = key_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, offsets] = key[:n][direct]
+    value_cache[blocks, offsets] = value[:n][direct]
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _stage_kv_kernel(
+        key_ptr, value_ptr, key_cache_ptr, value_cache_ptr,
+        slot_ptr, stage_index_ptr, staged_key_ptr, staged_value_ptr, staged_slot_ptr,
+        num_stage_rows, block_size,
+        key_stride_t, key_stride_h, value_stride_t, value_stride_h,
+        kc_stride_b, kc_stride_o, kc_stride_h, vc_stride_b, vc_stride_o, vc_stride_h,
+        staged_stride_t, staged_stride_h,
+        NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        index = tl.load(stage_index_ptr + row, mask=row < num_stage_rows, other=-1).to(tl.int64)
+        if index < 0 and slot < 0:
+            return
+        h = tl.arange(0, BLOCK_H)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        mask = (h < NUM_HEADS) & (d < HEAD_SIZE)
+        k = tl.load(key_ptr + row * key_stride_t + h * key_stride_h + d, mask=mask)
+        v = tl.load(value_ptr + row * value_stride_t + h * value_stride_h + d, mask=mask)
+        if index >= 0:
+            dst = index * staged_stride_t + h * staged_stride_h + d
+            tl.store(staged_key_ptr + dst, k, mask=mask)
+            tl.store(staged_value_ptr + dst, v, mask=mask)
+            tl.store(staged_slot_ptr + index, slot)
+        else:
+            block = slot // block_size
+            offset = slot % block_size
+            k_dst = block * kc_stride_b + offset * kc_stride_o + h * kc_stride_h + d
+            v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
+            tl.store(key_cache_ptr + k_dst, k, mask=mask)
+            tl.store(value_cache_ptr + v_dst, v, mask=mask)
+
+
+def stage_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    row_stage_index: torch.Tensor,
+    staged_key: torch.Tensor,
+    staged_value: torch.Tensor,
+    staged_slots: torch.Tensor,
+    *,
+    checked: bool = True,
+) -> None:
+    """Checks the layout, then stages draft rows and writes the rest (see module docstring).
+
+    ``checked=False`` skips the checks, for hot paths whose layout was checked once.
+
+    Shapes: key/value ``[>= n, H, D]``; key/value_cache ``[blocks, block_size, H, D]`` (any
+    strides, head_size contiguous); slot_mapping ``[n]`` int; row_stage_index ``[<= n]`` int;
+    staged_key/value ``[T, H, D]`` contiguous; staged_slots ``[T]`` int64.
+    """
+    n = slot_mapping.shape[0]
+    num_heads, head_size = key.shape[1], key.shape[2]
+    if checked:
+        _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, staged_key,
+               staged_value, staged_slots)
+    if n == 0:
+        return
+    if not use_triton(key):
+        stage_kv_reference(key, value, key_cache, value_cache, slot_mapping, row_stage_index,
+                           staged_key, staged_value, staged_slots)
+        return
+    _stage_kv_kernel[(n,)](
+        key, value, key_cache, value_cache,
+        slot_mapping, row_stage_index, staged_key, staged_value, staged_slots,
+        row_stage_index.shape[0], key_cache.shape[1],
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        staged_key.stride(0), staged_key.stride(1),
+        NUM_HEADS=num_heads, HEAD_SIZE=head_size,
+        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_size),
+    )
+
+
+def _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, staged_key,
+           staged_value, staged_slots) -> None:
+    n = slot_mapping.shape[0]
+    num_heads, head_size = key.shape[1], key.shape[2]
+    check_shape("key", key, (None, num_heads, head_size))
+    check(key.shape[0] >= n, f"key has {key.shape[0]} rows, slot_mapping {n}")
+    check_shape("value", value, tuple(key.shape))
+    check_shape("key_cache", key_cache, (None, None, num_heads, head_size))
+    check_shape("value_cache", value_cache, tuple(key_cache.shape))
+    check_shape("staged_key", staged_key, (None, num_heads, head_size))
+    check_shape("staged_value", staged_value, tuple(staged_key.shape))
+    check_shape("staged_slots", staged_slots, (staged_key.shape[0],))
+    check(row_stage_index.dim() == 1, f"row_stage_index has shape {tuple(row_stage_index.shape)}")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache),
+                    ("staged_key", staged_key), ("staged_value", staged_value)):
+        check_dtype(name, t, key.dtype)
+    check_dtype("value", value, key.dtype)
+    check_dtype("slot_mapping", slot_mapping, torch.int32, torch.int64)
+    check_dtype("row_stage_index", row_stage_index, torch.int32, torch.int64)
+    check_dtype("staged_slots", staged_slots, torch.int64)
+    for name, t in (("key", key), ("value", value), ("key_cache", key_cache),
+                    ("value_cache", value_cache)):
+        check_inner_contiguous(name, t)
+    check(staged_key.is_contiguous() and staged_value.is_contiguous(),
+          "staged_key/staged_value must be contiguous")
+    check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                      slot_mapping=slot_mapping, row_stage_index=row_stage_index,
+                      staged_key=staged_key, staged_value=staged_value,
+                      staged_slots=staged_slots)

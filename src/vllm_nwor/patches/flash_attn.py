@@ -1,0 +1,196 @@
+"""FLASH_ATTN patches (CUDA): staging fused into the KV update, FA prefix + Triton chunk, commit.
+
+In a staged verify step, for each bound target layer:
+
+- ``do_kv_cache_update``: one Triton launch in place of ``reshape_and_cache_flash``. Draft rows
+  go to the staging buffer, every other row to the cache, byte for byte as vLLM writes them.
+- ``forward``: FlashAttention over the committed prefix (``seqused_k = seq_len - query_len``,
+  non-causal, with its log-sum-exp) written straight into ``output``, then one Triton launch that
+  adds causal attention over the step's own rows and merges the two in place.
+
+After rejection sampling, one Triton launch commits every layer's accepted drafts.
+
+CUDA graphs: the staged path reads its per-step indices from device buffers, but the decision
+to stage is made in Python, so verify batches cannot replay FULL graphs captured without it.
+NWOR therefore caps FLASH_ATTN's CUDA-graph support at single-token decode, and vLLM runs
+verify batches as PIECEWISE graphs (attention eager, the rest captured). The benchmark's
+overhead figure includes that cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import vllm.v1.attention.backends.flash_attn as fa
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+
+from vllm_nwor.config import NworConfigError, config_from_additional
+from vllm_nwor.kernels.chunk_attention import chunk_attention_merge
+from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv
+from vllm_nwor.kernels.stage_kv import stage_kv
+from vllm_nwor.patches._patch import Patch, original
+from vllm_nwor.patches.model_runner import staged_binding, wrap_kv_cache_update
+from vllm_nwor.staging import CommitFn, StageFn, StagingBuffer, VerifyStep
+
+
+def _split_cache(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLASH_ATTN's (B, H, N, 2D) cache as key and value views of shape (B, N, H, D)."""
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(impl.head_size, dim=-1)
+    return key_cache, value_cache
+
+
+class FlashAttnBackend:
+    name = "FLASH_ATTN"
+
+    def __init__(self) -> None:
+        self._prefix_lens_for: Any = None
+        self._prefix_lens: torch.Tensor | None = None
+
+    def handles(self, impl: Any) -> bool:
+        return isinstance(impl, fa.FlashAttentionImpl)
+
+    def check(self, layer) -> None:
+        impl = layer.impl
+        unsupported = []
+        if impl.attn_type != AttentionType.DECODER:
+            unsupported.append(f"attn_type={impl.attn_type}")
+        if impl.sliding_window not in (None, (-1, -1)):
+            unsupported.append(f"sliding_window={impl.sliding_window}")
+        if impl.alibi_slopes is not None:
+            unsupported.append("ALiBi")
+        if impl.logits_soft_cap:
+            unsupported.append(f"logits_soft_cap={impl.logits_soft_cap}")
+        if impl.sinks is not None:
+            unsupported.append("attention sinks")
+        if impl.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+            unsupported.append(
+                f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto', 'bfloat16', "
+                "'float16'; an fp8 commit would have to reproduce vLLM's quantization)"
+            )
+        if getattr(impl, "dcp_world_size", 1) > 1:
+            unsupported.append(f"decode context parallel size {impl.dcp_world_size}")
+        if unsupported:
+            raise NworConfigError(
+                f"'nwor': true on FLASH_ATTN does not support {', '.join(unsupported)} "
+                f"(layer {layer.layer_name})"
+            )
+
+    def plain_write(self, layer, key, value, slot_mapping) -> None:
+        original(fa.FlashAttentionImpl.do_kv_cache_update)(
+            layer.impl, layer, key, value, layer.kv_cache, slot_mapping
+        )
+
+    def layer_state(self, layer) -> None:
+        return None
+
+    def fused_ops(self, layers: list, buffer: StagingBuffer) -> tuple[StageFn, CommitFn]:
+        """One Triton launch per layer for staging, one per step for the commit.
+
+        The layouts are checked once here; the hot paths then skip the wrappers' checks.
+        """
+        caches = [_split_cache(layer.impl, layer.kv_cache) for layer in layers]
+        key_caches = [k for k, _ in caches]
+        value_caches = [v for _, v in caches]
+        offsets = cache_offsets(key_caches, value_caches)
+        empty = torch.zeros(0, dtype=torch.int64, device=buffer.key.device)
+        commit_kv(buffer.key, buffer.value, empty, key_caches, value_caches, offsets)
+        checked: set[int] = set()
+
+        def stage(layer_idx, key, value, slot_mapping, step: VerifyStep, buf) -> None:
+            first_time = layer_idx not in checked
+            stage_kv(key, value, key_caches[layer_idx], value_caches[layer_idx], slot_mapping,
+                     step.row_stage_index, buf.key[layer_idx], buf.value[layer_idx],
+                     buf.slot_mapping, checked=first_time)
+            checked.add(layer_idx)
+
+        def commit(buf: StagingBuffer, slots: torch.Tensor) -> None:
+            commit_kv(buf.key, buf.value, slots, key_caches, value_caches, offsets,
+                      checked=False)
+
+        return stage, commit
+
+    def window_attention(self, impl, window: int) -> None:
+        impl.sliding_window = (window - 1, 0)  # FlashAttentionImpl's form of a causal window
+
+    def prefix_lens(self, attn_metadata) -> torch.Tensor:
+        """Committed tokens per request, ``seq_len - query_len``; once per step, on device."""
+        if self._prefix_lens_for is not attn_metadata:
+            qsl = attn_metadata.query_start_loc
+            num_reqs = qsl.shape[0] - 1
+            self._prefix_lens = attn_metadata.seq_lens[:num_reqs] - (qsl[1:] - qsl[:-1])
+            self._prefix_lens_for = attn_metadata
+        assert self._prefix_lens is not None
+        return self._prefix_lens
+
+
+BACKEND = FlashAttnBackend()
+
+
+def _wrap_forward(forward):
+    def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        if staged_binding(layer, attn_metadata) is None:
+            return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                           *args, **kwargs)
+        n = attn_metadata.num_actual_tokens
+        key_cache, value_cache = _split_cache(self, kv_cache)
+        key_cache = fa.canonicalize_singleton_dim_strides(key_cache)
+        value_cache = fa.canonicalize_singleton_dim_strides(value_cache)
+        query_start_loc = attn_metadata.query_start_loc
+        _, prefix_lse = fa.flash_attn_varlen_func(
+            q=query[:n],
+            k=key_cache,
+            v=value_cache,
+            out=output[:n],
+            cu_seqlens_q=query_start_loc,
+            max_seqlen_q=attn_metadata.max_query_len,
+            seqused_k=BACKEND.prefix_lens(attn_metadata),
+            max_seqlen_k=attn_metadata.max_seq_len,
+            softmax_scale=self.scale,
+            causal=False,
+            block_table=attn_metadata.block_table,
+            fa_version=self.vllm_flash_attn_version,
+            return_softmax_lse=True,
+        )
+        chunk_attention_merge(query[:n], key[:n], value[:n], query_start_loc,
+                              attn_metadata.max_query_len, output, prefix_lse, self.scale,
+                              checked=False)
+        return output
+
+    return wrapper
+
+
+def _wrap_get_cudagraph_support(get_cudagraph_support):
+    def wrapper(cls, vllm_config, kv_cache_spec):
+        support = get_cudagraph_support.__func__(cls, vllm_config, kv_cache_spec)
+        if not config_from_additional(vllm_config.additional_config).nwor:
+            return support
+        cap = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        return support if support.value <= cap.value else cap
+
+    return classmethod(wrapper)
+
+
+PATCHES = [
+    Patch(
+        fa.FlashAttentionImpl,
+        "do_kv_cache_update",
+        wrap_kv_cache_update,
+        why="Route a bound target layer's KV write through the interceptor during a verify "
+        "step (fused stage kernel). Draft-model layers are unbound and untouched.",
+    ),
+    Patch(
+        fa.FlashAttentionImpl,
+        "forward",
+        _wrap_forward,
+        why="In a staged verify step: FA over the committed prefix with LSE, then one Triton "
+        "launch for the step's chunk and the merge.",
+    ),
+    Patch(
+        fa.FlashAttentionMetadataBuilder,
+        "get_cudagraph_support",
+        _wrap_get_cudagraph_support,
+        why="With NWOR on, verify batches must not replay FULL graphs captured without the "
+        "staged path: report single-token-decode support so vLLM runs them PIECEWISE.",
+    ),
+]

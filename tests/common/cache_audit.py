@@ -1,0 +1,92 @@
+"""A per-step audit of the target model's paged KV cache, for engine tests (CPU and GPU).
+
+Every block is filled with a sentinel when the scheduler hands it to a request (freed blocks
+keep the finished request's K/V, which is legitimate). After each step, after rejection sampling
+and the commit, for every request and every target layer:
+
+- every position below the request's KV length (prompt and accepted tokens) is written;
+- every position from there to the end of its blocks still holds the sentinel.
+
+The second fails exactly when a rejected draft was written into the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+SENTINEL = -32768.0  # exact in fp32, fp16 and bf16, and far from any K/V value
+
+ReadTokens = Callable[[object, torch.Tensor, int], torch.Tensor]
+"""``(layer, block_ids, num_tokens) -> [num_tokens, ...]`` K and V of each token, flattened."""
+
+
+def runner_of(llm):
+    """The in-process model runner (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+class CacheAudit:
+    def __init__(self, llm, layers: list, read_tokens: ReadTokens, block_size: int) -> None:
+        self.runner = runner_of(llm)
+        self.layers = layers
+        self.read_tokens = read_tokens
+        self.block_size = block_size
+        for layer in layers:
+            layer.kv_cache.fill_(SENTINEL)
+        self.rejected_drafts = 0
+        self.checked_tokens = 0
+        self.violations: list[str] = []
+        execute_model = self.runner.execute_model
+        sample_tokens = self.runner.sample_tokens
+        self.runner.execute_model = lambda out, *a, **kw: self._fill_new_blocks(
+            execute_model, out, *a, **kw
+        )
+        self.runner.sample_tokens = lambda *a, **kw: self._step(sample_tokens, *a, **kw)
+
+    def _fill_new_blocks(self, execute_model, scheduler_output, *args, **kwargs):
+        new_blocks = [b for req in scheduler_output.scheduled_new_reqs for b in req.block_ids[0]]
+        for block_ids in scheduler_output.scheduled_cached_reqs.new_block_ids:
+            if block_ids is not None:
+                new_blocks += block_ids[0]
+        for layer in self.layers:
+            layer.kv_cache[new_blocks] = SENTINEL
+        return execute_model(scheduler_output, *args, **kwargs)
+
+    def _step(self, sample_tokens, *args, **kwargs):
+        runner = self.runner
+        scheduler_output = runner.execute_model_state.scheduler_output
+        batch = runner.input_batch
+        before = {
+            rid: int(batch.num_computed_tokens_cpu[batch.req_id_to_index[rid]])
+            for rid in batch.req_ids
+        }
+        output = sample_tokens(*args, **kwargs)
+        if hasattr(output, "get_output"):  # async scheduling
+            output = output.get_output()
+        for index, rid in enumerate(output.req_ids):
+            drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
+            sampled = output.sampled_token_ids[index]
+            rejected = drafts - (len(sampled) - 1) if drafts and sampled else 0
+            self.rejected_drafts += rejected
+            kv_len = before[rid] + scheduler_output.num_scheduled_tokens[rid] - rejected
+            self._check(rid, kv_len)
+        return output
+
+    def _check(self, rid: str, kv_len: int) -> None:
+        block_ids = torch.tensor(self.runner.requests[rid].block_ids[0])
+        capacity = len(block_ids) * self.block_size
+        for layer in self.layers:
+            kv = self.read_tokens(layer, block_ids, capacity)
+            written = (kv != SENTINEL).all(dim=1)
+            untouched = (kv == SENTINEL).all(dim=1)
+            if not bool(written[:kv_len].all()):
+                self.violations.append(f"{rid} {layer.layer_name}: committed token missing")
+            if not bool(untouched[kv_len:].all()):
+                bad = (torch.nonzero(~untouched[kv_len:]).flatten() + kv_len).tolist()
+                self.violations.append(
+                    f"{rid} {layer.layer_name}: positions {bad} written beyond "
+                    f"the committed length {kv_len}"
+                )
+        self.checked_tokens += kv_len

@@ -1,0 +1,108 @@
+"""Run by test_engine_gpu.py in a fresh process: one GPU engine run, summarised as JSON.
+
+argv: a JSON spec, the output path. The spec: target, draft, method, ``speculative`` (extra
+speculative-config keys, plugin keys included), ``engine`` (extra LLM keyword arguments),
+``audit`` (per-step cache audit), ``inject_every`` (fail every N-th commit; 0 = never),
+``prompts`` (token lists; default PROMPTS), ``max_tokens``, ``draft_model_max_positions`` (a
+copy of the draft told it handles that many positions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import torch  # noqa: E402
+from cache_audit import CacheAudit, runner_of  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+
+import vllm_nwor  # noqa: E402
+from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
+
+PROMPTS = [
+    [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
+    for i, length in enumerate([5, 14, 23, 90, 40, 7, 61, 33])
+]
+
+
+def read_fa_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """FLASH_ATTN's cache (B, H, N, 2D) read per token: [tokens, H * 2D]."""
+    kv = layer.kv_cache.transpose(1, 2)[block_ids.to(layer.kv_cache.device)]  # (b, N, H, 2D)
+    return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
+
+
+def _limited_copy(draft: str, max_positions: int) -> str:
+    import shutil
+    import tempfile
+
+    copy = Path(tempfile.mkdtemp()) / "draft"
+    shutil.copytree(draft, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["max_position_embeddings"] = max_positions
+    (copy / "config.json").write_text(json.dumps(config))
+    return str(copy)
+
+
+def main(spec: dict, out_path: str) -> None:
+    audit, inject_every = spec.get("audit", False), spec.get("inject_every", 0)
+    if spec["method"] == "ngram":
+        speculative = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    else:
+        draft = spec["draft"]
+        if spec.get("draft_model_max_positions"):
+            draft = _limited_copy(draft, spec["draft_model_max_positions"])
+        speculative = {"method": "draft_model", "model": draft}
+    speculative = {**speculative, "num_speculative_tokens": 3, **spec.get("speculative", {})}
+    engine = dict(
+        model=spec["target"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
+        block_size=16, max_num_seqs=4, max_num_batched_tokens=64, gpu_memory_utilization=0.15,
+        disable_log_stats=False, seed=0, enable_prefix_caching=False,
+        # The audit reads exact per-step KV lengths on the host, which async scheduling defers.
+        async_scheduling=False if audit else None,
+    )
+    llm = LLM(speculative_config=speculative, **{**engine, **spec.get("engine", {})})
+    runner = runner_of(llm)
+    layers = attention_layers(runner.get_model())
+    cache_audit = CacheAudit(llm, layers, read_fa_tokens, 16) if audit else None
+    interceptor = getattr(runner, "_nwor_interceptor", None)
+    if inject_every and interceptor is not None:
+        commit_fn, calls = interceptor.commit_fn, [0]
+
+        def flaky_commit(buffer, slots):
+            calls[0] += 1
+            if calls[0] % inject_every == 0:
+                raise RuntimeError("injected commit failure")
+            commit_fn(buffer, slots)
+
+        interceptor.commit_fn = flaky_commit
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 40), temperature=0.0,
+                            ignore_eos=True)
+    prompts = spec.get("prompts", PROMPTS)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    metrics = {m.name: m for m in llm.get_metrics()}
+    counters = vllm_nwor.get_counters(llm)
+    summary = {
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
+        "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
+        "counters": counters.as_dict() if counters else None,
+        "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
+        "attention_impl": type(layers[0].impl).__name__,
+        "async_scheduling": bool(runner.use_async_scheduling),
+        "audit": None if cache_audit is None else {
+            "violations": cache_audit.violations[:20],
+            "num_violations": len(cache_audit.violations),
+            "rejected_drafts": cache_audit.rejected_drafts,
+            "checked_tokens": cache_audit.checked_tokens,
+        },
+    }
+    Path(out_path).write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2])

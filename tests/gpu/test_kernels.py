@@ -1,0 +1,236 @@
+"""NWOR's Triton kernels against their PyTorch references.
+
+Caches start filled with a sentinel; commits and direct writes are compared with ``torch.equal``
+and every slot that must stay untouched is checked to still hold the sentinel. Attention is
+compared within a tight tolerance. Shapes: head sizes 64/128/256, GQA 1/4/8, block sizes 16/32,
+0/1/odd token counts, all drafts rejected or all accepted, offsets that need 64 bits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU
+from vllm_nwor.kernels.chunk_attention import (
+    chunk_attention_merge,
+    chunk_attention_merge_reference,
+)
+from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
+from vllm_nwor.kernels.stage_kv import stage_kv, stage_kv_reference
+
+SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+
+pytestmark = pytest.mark.interpretable
+
+
+def paged_cache(num_blocks, block_size, num_kv_heads, head_size, dtype=DTYPE):
+    """vLLM FLASH_ATTN's cache: logical (blocks, H, block_size, 2D), physical NHD; K/V views."""
+    raw = torch.full((num_blocks, block_size, num_kv_heads, 2 * head_size), SENTINEL,
+                     dtype=dtype, device=DEVICE)
+    kv_cache = raw.permute(0, 2, 1, 3)  # logical (B, H, N, 2D) over NHD storage
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    return raw, key_cache, value_cache
+
+
+def rows(n, num_kv_heads, head_size, dtype=DTYPE):
+    """Key/value as vLLM passes them: views into a fused qkv tensor (strided rows)."""
+    qkv = torch.randn(n, (4 + 2) * num_kv_heads * head_size, device=DEVICE).to(dtype)
+    parts = qkv.split([4 * num_kv_heads * head_size, num_kv_heads * head_size,
+                       num_kv_heads * head_size], dim=-1)
+    return (parts[1].view(n, num_kv_heads, head_size), parts[2].view(n, num_kv_heads, head_size))
+
+
+# -- stage_kv ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_rows", [0, 1, 7, 33])
+@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 1), (128, 8), (256, 2)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_stage_kv_matches_reference(num_rows, head_size, num_kv_heads, block_size):
+    torch.manual_seed(num_rows + head_size + block_size)
+    key, value = rows(num_rows + 3, num_kv_heads, head_size)  # 3 padding rows
+    slots = torch.randperm(8 * block_size, device=DEVICE)[: num_rows + 3]
+    slots[num_rows:] = -1  # padding
+    stage_index = torch.full((num_rows,), -1, dtype=torch.int64, device=DEVICE)
+    drafts = torch.arange(num_rows, device=DEVICE)[torch.rand(num_rows, device=DEVICE) < 0.5]
+    stage_index[drafts] = torch.arange(len(drafts), device=DEVICE)
+    results = []
+    for fn in (stage_kv, stage_kv_reference):
+        raw, key_cache, value_cache = paged_cache(8, block_size, num_kv_heads, head_size)
+        staged_k = torch.full((40, num_kv_heads, head_size), SENTINEL, dtype=DTYPE, device=DEVICE)
+        staged_v = staged_k.clone()
+        staged_slots = torch.full((40,), -7, dtype=torch.int64, device=DEVICE)
+        fn(key, value, key_cache, value_cache, slots, stage_index, staged_k, staged_v,
+           staged_slots)
+        results.append((raw, staged_k, staged_v, staged_slots))
+    for got, want in zip(results[0], results[1], strict=True):
+        assert torch.equal(got, want)
+    raw, staged_k, _, staged_slots = results[0]
+    written = (raw != SENTINEL).all(-1).all(-1).flatten()
+    direct = [int(s) for r, s in enumerate(slots.tolist()[:num_rows]) if r not in drafts.tolist()]
+    assert sorted(torch.nonzero(written).flatten().tolist()) == sorted(direct)
+    assert torch.equal(staged_slots[: len(drafts)], slots[drafts])
+    assert bool((staged_slots[len(drafts):] == -7).all())
+    assert bool((staged_k[len(drafts):] == SENTINEL).all())
+
+
+def test_stage_kv_rejects_a_wrong_layout():
+    key, value = rows(4, 2, 64)
+    _, key_cache, value_cache = paged_cache(4, 16, 2, 128)  # head size 128 != 64
+    staged = torch.zeros(8, 2, 64, dtype=DTYPE, device=DEVICE)
+    with pytest.raises(ValueError, match="key_cache has shape"):
+        stage_kv(key, value, key_cache, value_cache, torch.zeros(4, dtype=torch.int64,
+                 device=DEVICE), torch.zeros(4, dtype=torch.int64, device=DEVICE), staged,
+                 staged.clone(), torch.zeros(8, dtype=torch.int64, device=DEVICE))
+
+
+# -- commit_kv ---------------------------------------------------------------------------------
+
+
+def layer_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size):
+    """Separate allocations per layer, as vLLM makes them."""
+    caches = [paged_cache(num_blocks, block_size, num_kv_heads, head_size)
+              for _ in range(num_layers)]
+    return [c[0] for c in caches], [c[1] for c in caches], [c[2] for c in caches]
+
+
+@pytest.mark.parametrize("pattern", ["mixed", "all_rejected", "all_accepted", "empty", "one"])
+@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 8), (128, 1), (256, 4)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_commit_kv_matches_reference(pattern, head_size, num_kv_heads, block_size):
+    torch.manual_seed(7)
+    num_layers, num_tokens = 3, {"empty": 0, "one": 1}.get(pattern, 13)
+    staged_k = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    staged_v = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    slots = torch.randperm(6 * block_size, device=DEVICE)[:num_tokens].long()
+    if pattern == "mixed":
+        slots[torch.rand(num_tokens, device=DEVICE) < 0.4] = -1
+    elif pattern == "all_rejected":
+        slots[:] = -1
+    results = []
+    for fn in (commit_kv, commit_kv_reference):
+        raws, key_caches, value_caches = layer_caches(num_layers, 6, block_size, num_kv_heads,
+                                                      head_size)
+        fn(staged_k, staged_v, slots, key_caches, value_caches)
+        results.append(raws)
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+    accepted = [s for s in slots.tolist() if s >= 0]
+    for raw in results[0]:
+        written = torch.nonzero((raw != SENTINEL).all(-1).all(-1).flatten()).flatten().tolist()
+        assert sorted(written) == sorted(accepted)
+    assert not torch.equal(results[0][0], results[0][1]) or not accepted  # own data per layer
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a >4 GiB cache on the GPU")
+def test_commit_and_stage_reach_offsets_beyond_32_bits():
+    head_size, num_kv_heads, block_size = 128, 8, 16
+    block_elems = block_size * num_kv_heads * 2 * head_size
+    num_blocks = (2**31) // block_elems + 64  # the last blocks start past 2**31 elements
+    raw, key_cache, value_cache = paged_cache(num_blocks, block_size, num_kv_heads, head_size)
+    slots = torch.tensor([(num_blocks - 1) * block_size + 3, 5], device=DEVICE)
+    staged_k = torch.randn(1, 2, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    staged_v = torch.randn(1, 2, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    commit_kv(staged_k, staged_v, slots, [key_cache], [value_cache])
+    assert torch.equal(key_cache[num_blocks - 1, 3], staged_k[0, 0])
+    assert torch.equal(value_cache[0, 5], staged_v[0, 1])
+    key, value = rows(1, num_kv_heads, head_size)
+    stage_kv(key, value, key_cache, value_cache, slots[:1] + 1,
+             torch.tensor([-1], device=DEVICE), staged_k[0], staged_v[0],
+             torch.zeros(2, dtype=torch.int64, device=DEVICE))
+    assert torch.equal(key_cache[num_blocks - 1, 4], key[0])
+    del raw
+
+
+def test_cache_offsets_reach_every_layer():
+    _, key_caches, value_caches = layer_caches(3, 2, 16, 2, 64)
+    key_offsets, value_offsets = cache_offsets(key_caches, value_caches)
+    itemsize = key_caches[0].element_size()
+    for i in range(3):
+        assert key_caches[0].data_ptr() + int(key_offsets[i]) * itemsize == key_caches[i].data_ptr()
+        assert (key_caches[0].data_ptr() + int(value_offsets[i]) * itemsize
+                == value_caches[i].data_ptr())
+
+
+# -- chunk_attention_merge ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query_lens", [[1], [5], [3, 1, 9, 2], [40, 3], []])
+@pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (256, 8), (128, 1)])
+def test_chunk_attention_merge_matches_reference(query_lens, head_size, group):
+    torch.manual_seed(sum(query_lens) + head_size + group)
+    num_kv_heads = 2
+    n = sum(query_lens)
+    qkv = torch.randn(n, (group + 2) * num_kv_heads * head_size, device=DEVICE).to(DTYPE)
+    q, k, v = qkv.split([group * num_kv_heads * head_size, num_kv_heads * head_size,
+                         num_kv_heads * head_size], dim=-1)
+    q = q.view(n, group * num_kv_heads, head_size)
+    k, v = k.view(n, num_kv_heads, head_size), v.view(n, num_kv_heads, head_size)
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32,
+                       device=DEVICE)
+    prefix_out = torch.randn(n + 2, group * num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    prefix_lse = torch.randn(group * num_kv_heads, n + 2, device=DEVICE) * 3
+    if n:
+        prefix_lse[:, 0] = float("inf")  # FlashAttention's "no prefix keys"
+    results = []
+    for fn in (chunk_attention_merge, chunk_attention_merge_reference):
+        out = prefix_out.clone()
+        fn(q, k, v, qsl, max(query_lens, default=0), out, prefix_lse, head_size**-0.5)
+        results.append(out)
+    got, want = results
+    tolerance = 2e-2 if DTYPE == torch.bfloat16 else 2e-5
+    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+    assert torch.equal(got[n:], prefix_out[n:])  # rows past the batch untouched
+
+
+# -- the whole split against one FlashAttention call -------------------------------------------
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs FlashAttention on the GPU")
+@pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (128, 8), (256, 2)])
+@pytest.mark.parametrize("requests", [[(37, 5)], [(0, 9), (100, 1), (16, 4), (300, 5)]])
+def test_split_attention_matches_one_flash_attention_call(head_size, group, requests):
+    """FA over the committed prefix (with LSE) + the chunk-merge kernel == one causal FA call."""
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    torch.manual_seed(head_size + group + len(requests))
+    num_kv_heads, block_size, dtype = 2, 16, torch.bfloat16
+    num_q_heads = group * num_kv_heads
+    max_blocks = max(-(-(c + q) // block_size) for c, q in requests)
+    num_blocks = len(requests) * max_blocks + 1
+    raw = torch.randn(num_blocks, block_size, num_kv_heads, 2 * head_size, device=DEVICE)
+    raw = raw.to(dtype)
+    key_cache, value_cache = raw[..., :head_size], raw[..., head_size:]
+    block_table = torch.randperm(num_blocks - 1, device=DEVICE)[: len(requests) * max_blocks]
+    block_table = block_table.view(len(requests), max_blocks).int()
+    qsl = [0]
+    for _, q in requests:
+        qsl.append(qsl[-1] + q)
+    n = qsl[-1]
+    query = torch.randn(n, num_q_heads, head_size, device=DEVICE).to(dtype)
+    # The step's own K/V: what the layer gets as key/value, and (for the one-call reference)
+    # what the cache holds at the step's positions.
+    step_k = torch.empty(n, num_kv_heads, head_size, device=DEVICE, dtype=dtype)
+    step_v = torch.empty_like(step_k)
+    for i, (c, q) in enumerate(requests):
+        for j in range(q):
+            pos = c + j
+            block = block_table[i, pos // block_size]
+            step_k[qsl[i] + j] = key_cache[block, pos % block_size]
+            step_v[qsl[i] + j] = value_cache[block, pos % block_size]
+    cu = torch.tensor(qsl, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.tensor([c + q for c, q in requests], dtype=torch.int32, device=DEVICE)
+    prefix_lens = torch.tensor([c for c, _ in requests], dtype=torch.int32, device=DEVICE)
+    common = dict(q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu,
+                  max_seqlen_q=max(q for _, q in requests), block_table=block_table,
+                  softmax_scale=head_size**-0.5, max_seqlen_k=int(seq_lens.max()), fa_version=3)
+    reference = flash_attn_varlen_func(seqused_k=seq_lens, causal=True, **common)
+    out = torch.empty_like(query)
+    _, lse = flash_attn_varlen_func(seqused_k=prefix_lens, causal=False, out=out,
+                                    return_softmax_lse=True, **common)
+    chunk_attention_merge(query, step_k, step_v, cu, common["max_seqlen_q"], out, lse,
+                          head_size**-0.5)
+    error = (out.float() - reference.float()).norm() / reference.float().norm()
+    assert error < 1e-2, error
