@@ -1,6 +1,6 @@
 """Trains the shipped target/draft pair: byte-level Llamas on the Python standard library's source.
 
-    python scripts/train_pair.py                  # CPU, 2 threads, about 11 minutes
+    python scripts/train_pair.py                  # CPU, 2 threads, about 10 minutes
     python scripts/train_pair.py --device cuda    # the same recipe on a GPU (different numerics)
 
 It writes ``models/pystd-target`` and ``models/pystd-draft`` (Hugging Face Llama checkpoints:
