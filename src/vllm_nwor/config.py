@@ -16,7 +16,7 @@ message names the key, the value and what is allowed. This module imports nothin
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -124,18 +124,26 @@ def _unknown_key_message(key: str, value: Any, where: str) -> str:
     )
 
 
-def looks_like_plugin_key(key: str) -> bool:
+def looks_like_plugin_key(key: str, host_keys: Collection[str] = ()) -> bool:
     """True for the plugin's keys and for near-misses of them (``nwr``, ``nwor_enable``).
 
     Near-misses are claimed so that a typo gets the plugin's message rather than slipping through
-    ``--additional-config`` unnoticed. Keys that resemble nothing of ours are left to vLLM.
+    ``--additional-config`` unnoticed. Keys that resemble nothing of ours are left to vLLM, and so
+    are ``host_keys``: vLLM's own keys in that place (``synthetic_acceptance_length`` is close to
+    ``synthetic_acceptance_per_request`` but is vLLM's).
     """
-    if key in PLUGIN_KEYS or key.lower().startswith(_PLUGIN_PREFIXES):
+    if key in PLUGIN_KEYS:
+        return True
+    if key in host_keys:
+        return False
+    if key.lower().startswith(_PLUGIN_PREFIXES):
         return True
     return bool(difflib.get_close_matches(key, PLUGIN_KEYS, n=1, cutoff=0.75))
 
 
-def split_plugin_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_plugin_keys(
+    raw: Mapping[str, Any], host_keys: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Splits a dict into (plugin keys and near-misses of them, everything else).
 
     Keys are normalised like vLLM normalises speculative-config keys (``-`` becomes ``_``).
@@ -144,7 +152,7 @@ def split_plugin_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     rest: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_") if isinstance(key, str) else key
-        if isinstance(name, str) and looks_like_plugin_key(name):
+        if isinstance(name, str) and looks_like_plugin_key(name, host_keys):
             ours[name] = value
         else:
             rest[key] = value

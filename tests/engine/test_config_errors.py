@@ -31,6 +31,22 @@ def test_bad_keys_and_values_fail_with_key_value_and_allowed(
         assert fragment in str(err.value)
 
 
+def test_every_vllm_speculative_key_is_left_to_vllm():
+    """No key of vLLM's SpeculativeConfig is taken for a misspelling of the plugin's keys."""
+    import dataclasses
+
+    from vllm.config import SpeculativeConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_nwor.patches.engine_args import take_plugin_keys
+
+    vllm_keys = {f.name: object() for f in dataclasses.fields(SpeculativeConfig)}
+    args = EngineArgs(model="unused", speculative_config={**vllm_keys, "nwor": True})
+    take_plugin_keys(args)
+    assert args.speculative_config == vllm_keys
+    assert args.additional_config["nwor"] is True
+
+
 def test_nwor_without_speculative_decoding_is_refused(tiny_models):
     target, _ = tiny_models
     with pytest.raises(NworConfigError, match="needs speculative decoding"), engine(

@@ -47,6 +47,15 @@ def test_vllm_keys_are_left_to_vllm(key):
     assert not looks_like_plugin_key(key)
 
 
+def test_host_keys_are_never_claimed_as_near_misses():
+    # vLLM's own synthetic-acceptance keys are close to 'synthetic_acceptance_per_request'.
+    raw = {"synthetic_acceptance_length": 2.5, "synthetic_acceptance_rates": [1.0], "nwor": True}
+    host = {"synthetic_acceptance_length", "synthetic_acceptance_rates"}
+    ours, rest = split_plugin_keys(raw, host)
+    assert ours == {"nwor": True}
+    assert rest == {"synthetic_acceptance_length": 2.5, "synthetic_acceptance_rates": [1.0]}
+
+
 def test_dashes_are_normalised_like_vllm_does():
     ours, _ = split_plugin_keys({"nwor": True})
     assert ours == {"nwor": True}

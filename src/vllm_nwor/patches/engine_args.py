@@ -6,6 +6,7 @@ server), before any engine process starts, so a bad key or an unsupported setup 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from vllm.engine.arg_utils import EngineArgs
@@ -21,6 +22,13 @@ from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.draft_window import lift_draft_limits
 
 
+def _speculative_config_keys() -> frozenset[str]:
+    """vLLM's own ``SpeculativeConfig`` fields: never claimed as near-misses of ours."""
+    from vllm.config import SpeculativeConfig
+
+    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig))
+
+
 def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
     """Moves the plugin's keys from the speculative config into ``additional_config``.
 
@@ -30,7 +38,7 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
     additional: Any = engine_args.additional_config
     from_speculative: dict[str, Any] = {}
     if isinstance(speculative, dict):
-        from_speculative, rest = split_plugin_keys(speculative)
+        from_speculative, rest = split_plugin_keys(speculative, _speculative_config_keys())
         if from_speculative:
             engine_args.speculative_config = rest or None
     if additional is None:
