@@ -32,10 +32,19 @@ class NworConfig:
     nwor: bool = False
     """Stage draft tokens' K/V during verification; commit only accepted prefixes."""
 
+    nwor_telemetry: bool | None = None
+    """Per-request acceptance lengths in outputs and responses, plugin metrics on /metrics.
+    ``None`` (the default) follows ``nwor``: on exactly when NWOR is on."""
+
+    @property
+    def telemetry(self) -> bool:
+        """Whether telemetry is on (``nwor_telemetry``, or ``nwor`` when it is unset)."""
+        return self.nwor if self.nwor_telemetry is None else self.nwor_telemetry
+
     @property
     def enabled(self) -> bool:
         """Whether any plugin feature is switched on."""
-        return self.nwor
+        return self.nwor or self.telemetry
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> NworConfig:
@@ -52,6 +61,7 @@ class NworConfig:
 
 PLUGIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(NworConfig))
 _BOOL_KEYS = frozenset({"nwor"})
+_OPTIONAL_BOOL_KEYS = frozenset({"nwor_telemetry"})
 _PLUGIN_PREFIXES = ("nwor", "scv")
 
 
@@ -59,6 +69,11 @@ def _check_value(key: str, value: Any, where: str) -> None:
     if key in _BOOL_KEYS and not isinstance(value, bool):
         raise NworConfigError(
             f"{where}: '{key}' must be true or false, got {value!r} ({type(value).__name__})"
+        )
+    if key in _OPTIONAL_BOOL_KEYS and not (value is None or isinstance(value, bool)):
+        raise NworConfigError(
+            f"{where}: '{key}' must be true, false or null, got {value!r} "
+            f"({type(value).__name__})"
         )
 
 
