@@ -15,6 +15,26 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 9. ``FlashAttentionMetadataBuilder.get_cudagraph_support``: with NWOR on, verify batches run
    PIECEWISE (FULL graphs were captured without the staged path).
 10. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
+
+Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
+
+11. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
+12. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
+13. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
+14. ``LLMEngine.__init__``, 15. ``AsyncLLM.__init__``: one front-end telemetry object per engine
+    (the AsyncLLM one also applies the OpenAI-server patches below).
+16. ``InprocClient.get_output``, 17. ``SyncMPClient.get_output``,
+    18. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
+19. ``OutputProcessor.add_request``: every request starts with empty metrics.
+20. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
+21. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
+22. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
+
+Applied with the first ``AsyncLLM`` (the API server), not at registration (``openai_serving.py``):
+
+- ``OpenAIServingCompletion.request_output_to_completion_response`` and
+  ``.completion_stream_generator``, ``OpenAIServingChat.chat_completion_full_generator`` and
+  ``.chat_completion_stream_generator``: the fields in responses.
 """
 
 from __future__ import annotations
@@ -23,7 +43,16 @@ from vllm_nwor.patches._patch import Patch
 
 
 def all_patches() -> list[Patch]:
-    from vllm_nwor.patches import cpu_attn, engine_args, flash_attn, model_runner, worker
+    """The patches applied when the plugin registers, in every process."""
+    from vllm_nwor.patches import (
+        cpu_attn,
+        engine_args,
+        flash_attn,
+        model_runner,
+        telemetry_engine,
+        telemetry_frontend,
+        worker,
+    )
 
     return [
         *engine_args.PATCHES,
@@ -31,9 +60,23 @@ def all_patches() -> list[Patch]:
         *cpu_attn.PATCHES,
         *flash_attn.PATCHES,
         *worker.PATCHES,
+        *telemetry_engine.PATCHES,
+        *telemetry_frontend.PATCHES,
     ]
+
+
+def serving_patches() -> list[Patch]:
+    """The OpenAI-server patches (applied by :func:`apply_serving`)."""
+    from vllm_nwor.patches import openai_serving
+
+    return list(openai_serving.PATCHES)
 
 
 def apply_all() -> int:
     """Applies every patch; returns how many were newly installed (0 when already applied)."""
     return sum(patch.apply() for patch in all_patches())
+
+
+def apply_serving() -> int:
+    """Applies the OpenAI-server patches (idempotent), from the process that serves them."""
+    return sum(patch.apply() for patch in serving_patches())

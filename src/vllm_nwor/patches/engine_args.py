@@ -10,6 +10,7 @@ from typing import Any
 
 from vllm.engine.arg_utils import EngineArgs
 
+from vllm_nwor._logging import get_logger
 from vllm_nwor.config import (
     NworConfig,
     NworConfigError,
@@ -18,6 +19,8 @@ from vllm_nwor.config import (
     split_plugin_keys,
 )
 from vllm_nwor.patches._patch import Patch
+
+logger = get_logger(__name__)
 
 
 def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
@@ -55,6 +58,11 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
 def check_engine_config(vllm_config: Any) -> None:
     """Refuses setups the plugin cannot serve, naming the setting and what is allowed."""
     config = config_from_additional(vllm_config.additional_config)
+    if config.nwor_telemetry and vllm_config.speculative_config is None:
+        raise NworConfigError(
+            "'nwor_telemetry': true needs speculative decoding; set a 'method' and "
+            "'num_speculative_tokens' in --speculative-config"
+        )
     if not config.nwor:
         return
     if vllm_config.speculative_config is None:
@@ -81,11 +89,29 @@ def check_engine_config(vllm_config: Any) -> None:
         )
 
 
+def log_activation(vllm_config: Any) -> None:
+    """The plugin's one INFO line, when a config switches a feature on."""
+    config = config_from_additional(vllm_config.additional_config)
+    if not config.enabled:
+        return
+    import vllm
+
+    import vllm_nwor
+    from vllm_nwor.patches import all_patches
+
+    logger.info(
+        "vllm-nwor %s on vLLM %s: nwor %s, telemetry %s (%d patches)",
+        vllm_nwor.__version__, vllm.__version__, "on" if config.nwor else "off",
+        "on" if config.telemetry else "off", len(all_patches()),
+    )
+
+
 def _wrap_create_engine_config(create_engine_config):
     def wrapper(self, *args, **kwargs):
         take_plugin_keys(self)
         vllm_config = create_engine_config(self, *args, **kwargs)
         check_engine_config(vllm_config)
+        log_activation(vllm_config)
         return vllm_config
 
     return wrapper
