@@ -1,8 +1,9 @@
 """Run by test_telemetry_engine.py in a fresh process; prints one JSON summary per run.
 
 Two LLMs, one after the other: telemetry on with NWOR off, the engine core in its own process
-(``SyncMPClient``, the LLM default); then NWOR on with its default telemetry, the engine core in
-this process (``InprocClient``). argv: target checkpoint path.
+(``SyncMPClient``) and log stats off (both the LLM defaults); then NWOR on with its default
+telemetry, the engine core in this process (``InprocClient``) and log stats on.
+argv: target checkpoint path.
 """
 
 import json
@@ -50,9 +51,9 @@ def sequences(request_outputs) -> list[dict]:
     ]
 
 
-def run(target: str, speculative_config: dict, multiprocessing: bool) -> dict:
+def run(target: str, speculative_config: dict, multiprocessing: bool, log_stats: bool) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
-    with engine(target, speculative_config) as llm:
+    with engine(target, speculative_config, disable_log_stats=not log_stats) as llm:
         greedy = llm.generate(
             [{"prompt_token_ids": p} for p in PROMPTS],
             SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
@@ -67,15 +68,20 @@ def run(target: str, speculative_config: dict, multiprocessing: bool) -> dict:
         return {
             "client": type(llm.llm_engine.engine_core).__name__,
             "sequences": sequences([*greedy, *sampled]),
-            "metrics": metric_values(llm),
+            "metrics": metric_values(llm) if log_stats else None,
             "nwor_counters": None if counters is None else counters.as_dict(),
         }
 
 
 def main(target: str) -> None:
     runs = {
-        "telemetry_only_mp": run(target, spec_config("ngram", nwor_telemetry=True), True),
-        "nwor_inproc": run(target, spec_config("ngram", nwor=True), False),
+        "telemetry_only_mp": run(
+            target, spec_config("ngram", nwor_telemetry=True), multiprocessing=True,
+            log_stats=False,
+        ),
+        "nwor_inproc": run(
+            target, spec_config("ngram", nwor=True), multiprocessing=False, log_stats=True
+        ),
     }
     print("SUMMARY " + json.dumps(runs))
 

@@ -34,9 +34,9 @@ def _enabled(serving: Any) -> bool:
     return on
 
 
-def _replace_argument(original, name: str, args, kwargs, make):
-    """``args, kwargs`` for ``original`` with the argument ``name`` replaced by ``make(it)``."""
-    bound = inspect.signature(original).bind(*args, **kwargs)
+def _replace_argument(signature, name: str, args, kwargs, make):
+    """``args, kwargs`` for a call with the argument ``name`` replaced by ``make(it)``."""
+    bound = signature.bind(*args, **kwargs)
     bound.arguments[name] = make(bound.arguments[name])
     return bound.args, bound.kwargs
 
@@ -53,6 +53,8 @@ def _wrap_completion_response(request_output_to_completion_response):
 
 
 def _wrap_chat_full_generator(chat_completion_full_generator):
+    signature = inspect.signature(chat_completion_full_generator)
+
     async def wrapper(self, *args, **kwargs):
         if not _enabled(self):
             return await chat_completion_full_generator(self, *args, **kwargs)
@@ -64,7 +66,7 @@ def _wrap_chat_full_generator(chat_completion_full_generator):
                 yield res
 
         args, kwargs = _replace_argument(
-            chat_completion_full_generator, "result_generator", (self, *args), kwargs, watched
+            signature, "result_generator", (self, *args), kwargs, watched
         )
         response = await chat_completion_full_generator(*args, **kwargs)
         if final:
@@ -76,6 +78,7 @@ def _wrap_chat_full_generator(chat_completion_full_generator):
 
 def _wrap_stream_generator(stream_generator, choice_index):
     """``choice_index(result, output, num_choices) -> int`` as the original numbers choices."""
+    signature = inspect.signature(stream_generator)
 
     def wrapper(self, request, *args, **kwargs):
         if not _enabled(self):
@@ -91,7 +94,7 @@ def _wrap_stream_generator(stream_generator, choice_index):
                 yield result
 
         args, kwargs = _replace_argument(
-            stream_generator, "result_generator", (self, request, *args), kwargs, watched
+            signature, "result_generator", (self, request, *args), kwargs, watched
         )
 
         async def annotated():
