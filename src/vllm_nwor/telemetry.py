@@ -250,10 +250,13 @@ class SpecTelemetry:
         steps, self._steps = self._steps, {}
         return steps
 
-    def take_stats(self, *, has_requests: bool) -> SpecStepStats | None:
-        """This step's engine-wide numbers, or None when there is nothing new."""
+    def take_stats(self, *, unfinished_requests: bool) -> SpecStepStats | None:
+        """This step's engine-wide numbers, or None when there is nothing new.
+
+        ``unfinished_requests``: whether the scheduler still has requests to run after this step.
+        """
         counters = None
-        if self._nwor_counters_due(has_requests):
+        if self._nwor_counters_due(unfinished_requests):
             counters = self.read_nwor_counters()  # type: ignore[misc]
             self._nwor_dirty = False
             self._nwor_read_at = self._clock()
@@ -264,11 +267,11 @@ class SpecTelemetry:
         self._chunk_sizes_dirty = False
         return stats
 
-    def _nwor_counters_due(self, has_requests: bool) -> bool:
+    def _nwor_counters_due(self, unfinished_requests: bool) -> bool:
         if not (self.wants_nwor_counters and self.collect_stats and self._nwor_dirty):
             return False
         if self.read_nwor_counters is None:
             return False
-        return not has_requests or (
+        return not unfinished_requests or (
             self._clock() - self._nwor_read_at >= self.nwor_counter_interval_s
         )

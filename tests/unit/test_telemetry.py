@@ -76,31 +76,31 @@ def test_chunk_sizes_count_scheduled_drafts_including_invalid_ones():
     telemetry = SpecTelemetry(3, collect_stats=True)
     telemetry.observe_verify("a", 2, 1, num_scheduled_drafts=3)  # one draft invalidated
     telemetry.observe_verify("b", 1, 1, num_scheduled_drafts=1)
-    stats = telemetry.take_stats(has_requests=True)
+    stats = telemetry.take_stats(unfinished_requests=True)
     assert stats.chunk_size_counts == [0, 1, 0, 1]
     assert stats.nwor_counters is None
-    assert telemetry.take_stats(has_requests=True) is None  # nothing new
+    assert telemetry.take_stats(unfinished_requests=True) is None  # nothing new
 
 
 def test_no_engine_wide_numbers_without_log_stats():
     telemetry = SpecTelemetry(3, collect_stats=False, wants_nwor_counters=True,
                               read_nwor_counters=lambda: pytest.fail("must not be read"))
     telemetry.observe_verify("a", 3, 1, num_scheduled_drafts=3)
-    assert telemetry.take_stats(has_requests=False) is None
+    assert telemetry.take_stats(unfinished_requests=False) is None
 
 
 def test_scv_reports_replace_scheduled_drafts_so_nothing_counts_twice():
     telemetry = SpecTelemetry(4, collect_stats=True)
     telemetry.report_chunk_sizes([0, 2, 0])
     telemetry.observe_verify("a", 2, 1, num_scheduled_drafts=2)  # SCV already reported it
-    stats = telemetry.take_stats(has_requests=True)
+    stats = telemetry.take_stats(unfinished_requests=True)
     assert stats.chunk_size_counts == [2, 0, 1, 0, 0]
 
 
 def test_chunk_sizes_beyond_k_grow_the_counts():
     telemetry = SpecTelemetry(2, collect_stats=True)
     telemetry.report_chunk_sizes([5])
-    assert telemetry.take_stats(has_requests=True).chunk_size_counts == [0, 0, 0, 0, 0, 1]
+    assert telemetry.take_stats(unfinished_requests=True).chunk_size_counts == [0, 0, 0, 0, 0, 1]
 
 
 class FakeClock:
@@ -122,14 +122,14 @@ def test_nwor_counters_are_read_when_due_and_when_the_engine_runs_dry():
     telemetry = SpecTelemetry(3, collect_stats=True, wants_nwor_counters=True,
                               read_nwor_counters=read, nwor_counter_interval_s=1.0, clock=clock)
     telemetry.observe_verify("a", 3, 1, num_scheduled_drafts=3)
-    assert telemetry.take_stats(has_requests=True).nwor_counters == {"tokens_staged": 1}
+    assert telemetry.take_stats(unfinished_requests=True).nwor_counters == {"tokens_staged": 1}
     clock.now += 0.5
     telemetry.observe_verify("a", 3, 1, num_scheduled_drafts=3)
-    assert telemetry.take_stats(has_requests=True).nwor_counters is None  # not due yet
+    assert telemetry.take_stats(unfinished_requests=True).nwor_counters is None  # not due yet
     clock.now += 0.1
-    stats = telemetry.take_stats(has_requests=False)  # out of requests: read now
+    stats = telemetry.take_stats(unfinished_requests=False)  # out of requests: read now
     assert stats.nwor_counters == {"tokens_staged": 2}
-    assert telemetry.take_stats(has_requests=False) is None  # nothing verified since
+    assert telemetry.take_stats(unfinished_requests=False) is None  # nothing verified since
     assert reads == [100.0, 100.6]
 
 
@@ -137,7 +137,7 @@ def test_nwor_counters_are_not_read_when_nwor_is_off():
     telemetry = SpecTelemetry(3, collect_stats=True, wants_nwor_counters=False,
                               read_nwor_counters=lambda: pytest.fail("must not be read"))
     telemetry.observe_verify("a", 3, 1, num_scheduled_drafts=3)
-    assert telemetry.take_stats(has_requests=False).nwor_counters is None
+    assert telemetry.take_stats(unfinished_requests=False).nwor_counters is None
 
 
 def test_rank_counters_sum_kv_bytes_only():

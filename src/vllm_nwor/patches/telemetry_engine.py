@@ -153,7 +153,11 @@ def attach_step(engine_core: EngineCore, outputs: dict[int, EngineCoreOutputs]) 
         return
     if telemetry.wants_nwor_counters and telemetry.read_nwor_counters is None:
         telemetry.read_nwor_counters = _nwor_counter_reader(engine_core, telemetry)
-    stats = telemetry.take_stats(has_requests=engine_core.scheduler.has_requests())
+    # Unfinished, not has_requests(): that also counts requests finished this step whose ids
+    # the workers have not been told yet, which would put the last read one step later, on a
+    # step without outputs (LLMEngine records no stats for those).
+    unfinished = engine_core.scheduler.get_num_unfinished_requests() > 0
+    stats = telemetry.take_stats(unfinished_requests=unfinished)
     if stats is None:
         return
     for eco in outputs.values():
