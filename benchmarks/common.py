@@ -43,6 +43,13 @@ def environment() -> dict:
     }
 
 
+def append_jsonl(path: Path | None, record: dict) -> None:
+    """Appends one record (a GPU run's partial result survives a timed-out call)."""
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def write_result(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name

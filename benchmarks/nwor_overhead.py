@@ -24,121 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-LLAMA3_8B = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
-    intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
-    rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu", tie_word_embeddings=False,
-    torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001,
+from common import append_jsonl  # noqa: E402
+from gpu_engines import (  # noqa: E402
+    OUTPUT_LEN,
+    PROMPT_LEN,
+    Engine,
+    prompts,
+    tokens_per_second,
+    write_models,
 )
-PROMPT_LEN, OUTPUT_LEN = 512, 128
+
 KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head size x bf16
-
-
-def write_models(root: Path) -> tuple[str, str]:
-    target, draft = root / "llama3-8b-shape", root / "draft-2layer"
-    for path, layers in ((target, 32), (draft, 2)):
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps({**LLAMA3_8B, "num_hidden_layers": layers}))
-    return str(target), str(draft)
-
-
-def prompts(batch: int, seed: int) -> list[list[int]]:
-    import random
-
-    rng = random.Random(seed)
-    # A repeated motif gives ngram something to match; the rest is random.
-    return [[rng.randrange(1000, 120000) for _ in range(16)] * 8
-            + [rng.randrange(1000, 120000) for _ in range(PROMPT_LEN - 128)]
-            for _ in range(batch)]
-
-
-def engine_main(conn, kwargs: dict) -> None:
-    """Engine process: builds one LLM, then serves ("run", prompts) until ("stop",)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
-
-    import vllm_nwor
-
-    llm = LLM(**kwargs)
-    params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True)
-
-    def snapshot() -> dict:
-        metrics = {m.name: m for m in llm.get_metrics()}
-        counters = vllm_nwor.get_counters(llm)
-        return {
-            "drafted": metrics["vllm:spec_decode_num_draft_tokens"].value,
-            "accepted": metrics["vllm:spec_decode_num_accepted_tokens"].value,
-            "rejected_by_nwor": counters.tokens_rejected if counters else 0,
-            "fallbacks": counters.fallbacks if counters else {},
-        }
-
-    conn.send("ready")
-    while True:
-        message = conn.recv()
-        if message[0] == "stop":
-            break
-        batch_prompts = message[1]
-        before = snapshot()
-        start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
-                               use_tqdm=False)
-        seconds = time.perf_counter() - start
-        after = snapshot()
-        itls = []
-        for o in outputs:
-            m, n = o.metrics, len(o.outputs[0].token_ids)
-            if m is not None and n > 1 and m.last_token_ts > m.first_token_ts:
-                itls.append((m.last_token_ts - m.first_token_ts) / (n - 1))
-        conn.send({
-            "seconds": seconds,
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "itl_median": statistics.median(itls) if itls else None,
-            "drafted": after["drafted"] - before["drafted"],
-            "accepted": after["accepted"] - before["accepted"],
-            "rejected_by_nwor": after["rejected_by_nwor"] - before["rejected_by_nwor"],
-            "fallbacks": after["fallbacks"],
-        })
-
-
-class Engine:
-    def __init__(self, name: str, kwargs: dict) -> None:
-        self.name = name
-        self.conn, child = mp.get_context("spawn").Pipe()
-        self.process = mp.get_context("spawn").Process(target=engine_main, args=(child, kwargs))
-        start = time.perf_counter()
-        self.process.start()
-        if self._receive() != "ready":
-            raise RuntimeError(f"engine {name} did not start")
-        self.startup_seconds = time.perf_counter() - start
-
-    def _receive(self):
-        """Waits for the engine's reply; fails at once if its process died."""
-        while not self.conn.poll(1.0):
-            if not self.process.is_alive():
-                raise RuntimeError(
-                    f"engine {self.name} exited with code {self.process.exitcode}"
-                )
-        return self.conn.recv()
-
-    def run(self, batch_prompts: list[list[int]]) -> dict:
-        self.conn.send(("run", batch_prompts))
-        return self._receive()
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self.conn.send(("stop",))
-        self.process.join(timeout=120)
 
 
 def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> float:
@@ -214,12 +118,9 @@ def run_cell(target, draft, method, k, L, batches, reps) -> dict:
 
 
 def summarise(method, k, L, batch, results) -> dict:
-    def tok_s(run):
-        return sum(len(t) for t in run["tokens"]) / run["seconds"]
-
     off, on = results[False], results[True]
-    off_tps = statistics.median(tok_s(r) for r in off)
-    on_tps = statistics.median(tok_s(r) for r in on)
+    off_tps = statistics.median(tokens_per_second(r) for r in off)
+    on_tps = statistics.median(tokens_per_second(r) for r in on)
     off_itl = statistics.median(r["itl_median"] for r in off)
     on_itl = statistics.median(r["itl_median"] for r in on)
     rates, divergences = [], []
@@ -283,10 +184,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         for L in args.L:
-            record = run_cell(target, draft, args.method, args.k, L, args.batches, args.reps)
-            if args.jsonl:
-                with args.jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+            append_jsonl(args.jsonl,
+                         run_cell(target, draft, args.method, args.k, L, args.batches, args.reps))
 
 
 if __name__ == "__main__":

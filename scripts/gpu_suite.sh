@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after the devkit install (../shared/devkit/README.md): installs this
 # project next to vLLM in /tmp/site, then
-#   scripts/gpu_suite.sh tests               the GPU tests (tests/gpu), log + junit in $OUT
-#   scripts/gpu_suite.sh bench ARGS...       benchmarks/nwor_overhead.py ARGS, cells in $OUT
+#   scripts/gpu_suite.sh tests [ARGS]          the GPU tests (tests/gpu), log + junit in $OUT
+#   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
+#   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
+#   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git). Results come back from $OUT; merge
-# the benchmark's into benchmarks/results/ with
-#   python benchmarks/nwor_overhead.py --merge cells.jsonl --result benchmarks/results/...
+# a benchmark's into benchmarks/results/ here with
+#   python benchmarks/<name>.py --merge <name>.jsonl --result benchmarks/results/...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -22,9 +24,9 @@ case "$what" in
   tests)
     python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
       "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
-  bench)
-    python3 benchmarks/nwor_overhead.py --jsonl "$out/cells.jsonl" "$@" 2>&1 \
-      | tee "$out/bench.log" | grep -vE "^(INFO|DEBUG) " ;;
+  nwor_overhead|scv_bench|draft_window_bench)
+    python3 "benchmarks/$what.py" --jsonl "$out/$what.jsonl" "$@" 2>&1 \
+      | tee "$out/$what.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 tests|bench [args]" >&2; exit 2 ;;
+    echo "usage: $0 tests|nwor_overhead|scv_bench|draft_window_bench [args]" >&2; exit 2 ;;
 esac

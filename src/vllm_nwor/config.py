@@ -31,10 +31,37 @@ class NworConfig:
 
     nwor: bool = False
     """Stage draft tokens' K/V during verification; commit only accepted prefixes."""
-
     nwor_telemetry: bool | None = None
     """Per-request acceptance lengths in outputs and responses, plugin metrics on /metrics.
     ``None`` (the default) follows ``nwor``: on exactly when NWOR is on."""
+    scv: str = "off"
+    """Chunk verifier: ``off``, ``fixed`` (every request verifies ``scv_chunk_size`` drafts) or
+    ``adaptive`` (each request's chunk sized from its own acceptance and the step cost)."""
+    scv_chunk_size: int | None = None
+    """Largest chunk; defaults to ``num_speculative_tokens``."""
+    scv_probe_interval: int = 16
+    """Steps before a request at chunk 0 is probed again (doubling, up to 8x, after failures)."""
+    scv_acceptance_window: int = 16
+    """Steps over which a request's acceptance estimate forgets (its effective memory)."""
+    scv_cost_model: list | None = None
+    """``[fixed, per_token, per_draft]`` step-cost seconds measured elsewhere, instead of
+    fitting them online (the default)."""
+    draft_context_window: int | None = None
+    """draft_model: draft each request from its last W tokens (no length cap, no batch-wide
+    drop of drafts); see ``vllm_nwor.patches.draft_window``."""
+    synthetic_acceptance_per_request: bool = False
+    """Benchmark feature: honour ``SamplingParams.extra_args["synthetic_acceptance_rate"]``
+    (see :mod:`vllm_nwor.synthetic`). Never for production traffic."""
+
+    @property
+    def _features(self) -> bool:
+        """Whether a plugin feature other than telemetry is switched on."""
+        return (
+            self.nwor
+            or self.scv != "off"
+            or self.draft_context_window is not None
+            or self.synthetic_acceptance_per_request
+        )
 
     @property
     def telemetry(self) -> bool:
@@ -44,7 +71,7 @@ class NworConfig:
     @property
     def enabled(self) -> bool:
         """Whether any plugin feature is switched on."""
-        return self.nwor or self.telemetry
+        return self._features or self.telemetry
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> NworConfig:
@@ -52,29 +79,53 @@ class NworConfig:
         for key, value in raw.items():
             if key not in PLUGIN_KEYS:
                 raise NworConfigError(_unknown_key_message(key, value, where))
-            _check_value(key, value, where)
+            _KEYS[key].check(key, value, where)
         return cls(**dict(raw))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _Key:
+    kind: type
+    allowed: str
+    choices: tuple = ()
+    minimum: int | None = None
+    optional: bool = False
+
+    def check(self, key: str, value: Any, where: str) -> None:
+        ok = (value is None and self.optional) or (
+            isinstance(value, self.kind)
+            and not (self.kind is int and isinstance(value, bool))
+            and (not self.choices or value in self.choices)
+            and (self.minimum is None or value >= self.minimum)
+        )
+        if ok and self.kind is list and value is not None:
+            ok = len(value) == 3 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value
+            )
+        if not ok:
+            raise NworConfigError(f"{where}: '{key}' must be {self.allowed}, got {value!r}")
+
+
+_KEYS = {
+    "nwor": _Key(bool, "true or false"),
+    "nwor_telemetry": _Key(bool, "true, false or null", optional=True),
+    "scv": _Key(str, "one of 'off', 'fixed', 'adaptive'", choices=("off", "fixed", "adaptive")),
+    "scv_chunk_size": _Key(int, "an integer >= 1 (at most num_speculative_tokens)", minimum=1,
+                           optional=True),
+    "scv_probe_interval": _Key(int, "an integer >= 1 (steps)", minimum=1),
+    "scv_acceptance_window": _Key(int, "an integer >= 1 (steps)", minimum=1),
+    "scv_cost_model": _Key(list, "null or [fixed, per_token, per_draft]: three seconds >= 0",
+                           optional=True),
+    "draft_context_window": _Key(int, "null or an integer >= 1 (tokens)", minimum=1,
+                                 optional=True),
+    "synthetic_acceptance_per_request": _Key(bool, "true or false"),
+}
 PLUGIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(NworConfig))
-_BOOL_KEYS = frozenset({"nwor"})
-_OPTIONAL_BOOL_KEYS = frozenset({"nwor_telemetry"})
-_PLUGIN_PREFIXES = ("nwor", "scv")
-
-
-def _check_value(key: str, value: Any, where: str) -> None:
-    if key in _BOOL_KEYS and not isinstance(value, bool):
-        raise NworConfigError(
-            f"{where}: '{key}' must be true or false, got {value!r} ({type(value).__name__})"
-        )
-    if key in _OPTIONAL_BOOL_KEYS and not (value is None or isinstance(value, bool)):
-        raise NworConfigError(
-            f"{where}: '{key}' must be true, false or null, got {value!r} "
-            f"({type(value).__name__})"
-        )
+assert set(PLUGIN_KEYS) == set(_KEYS)
+_PLUGIN_PREFIXES = ("nwor", "scv", "draft_context")
 
 
 def _unknown_key_message(key: str, value: Any, where: str) -> str:

@@ -27,6 +27,7 @@ def write_tiny_llama_pair(
     init_std: float = 0.05,
     draft_noise: float = 0.0,
     max_position_embeddings: int = 2048,
+    draft_max_position_embeddings: int | None = None,
     seed: int = 0,
 ) -> tuple[str, str]:
     """Writes ``root/target`` and ``root/draft`` (config.json + safetensors); returns both paths.
@@ -69,5 +70,7 @@ def write_tiny_llama_pair(
     save_file(draft, draft_dir / "model.safetensors", metadata={"format": "pt"})
     draft_config = json.loads((target_dir / "config.json").read_text())
     draft_config["num_hidden_layers"] = draft_layers
+    if draft_max_position_embeddings is not None:
+        draft_config["max_position_embeddings"] = draft_max_position_embeddings
     (draft_dir / "config.json").write_text(json.dumps(draft_config, indent=2))
     return str(target_dir), str(draft_dir)

@@ -70,6 +70,6 @@ def spec_decode_stats(llm: LLM) -> tuple[int, int]:
 
 
 def target_layers(llm: LLM) -> list:
-    from vllm_nwor.patches.model_runner import target_attention_layers
+    from vllm_nwor.patches.model_runner import attention_layers
 
-    return target_attention_layers(runner_of(llm).get_model())
+    return attention_layers(runner_of(llm).get_model())

@@ -42,8 +42,22 @@ def test_nwor_without_speculative_decoding_is_refused(tiny_models):
 
 def test_telemetry_without_speculative_decoding_is_refused(tiny_models):
     target, _ = tiny_models
-    with pytest.raises(NworConfigError, match="'nwor_telemetry': true needs speculative"), engine(
+    with pytest.raises(NworConfigError, match="'nwor_telemetry': True needs speculative"), engine(
         target, None, additional_config={"nwor_telemetry": True}
+    ):
+        pass
+
+
+def test_telemetry_switched_off_needs_nothing(tiny_models):
+    target, _ = tiny_models
+    with engine(target, None, additional_config={"nwor_telemetry": False}):
+        pass
+
+
+def test_fp8_kv_cache_is_refused_with_nwor(tiny_models):
+    target, _ = tiny_models
+    with pytest.raises(NworConfigError, match="kv_cache_dtype='fp8'"), engine(
+        target, spec_config("ngram", nwor=True), kv_cache_dtype="fp8"
     ):
         pass
 
@@ -60,3 +74,22 @@ def test_additional_config_switches_nwor_on_too(tiny_models):
     target, _ = tiny_models
     with engine(target, spec_config("ngram"), additional_config={"nwor": True}) as llm:
         assert runner_of(llm)._nwor_interceptor is not None
+
+
+@pytest.mark.parametrize(
+    "speculative, fragment",
+    [
+        (spec_config("ngram", draft_context_window=64), "applies to method 'draft_model'"),
+        (spec_config("draft_model", "DRAFT", draft_context_window=100_000), "allowed: 1 to 512"),
+        (spec_config("draft_model", "DRAFT", draft_context_window=0), "integer >= 1"),
+        (spec_config("draft_model", "DRAFT", scv="fixed", scv_chunk_size=5), "allowed: 1 to 3"),
+        (spec_config("draft_model", "DRAFT", scv_chunk_size=2), "'scv' is 'off'"),
+        (spec_config("draft_model", "DRAFT", scv="always"), "'off', 'fixed', 'adaptive'"),
+    ],
+)
+def test_window_and_scv_values_are_checked(tiny_models, speculative, fragment):
+    target, draft = tiny_models
+    if speculative.get("model") == "DRAFT":
+        speculative = {**speculative, "model": draft}
+    with pytest.raises(NworConfigError, match=fragment), engine(target, speculative):
+        pass

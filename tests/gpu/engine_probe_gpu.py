@@ -1,7 +1,10 @@
 """Run by test_engine_gpu.py in a fresh process: one GPU engine run, summarised as JSON.
 
-argv: target_dir draft_dir method nwor(0/1) audit(0/1) inject_every(N; 0 = no injected commit
-failures) out_json
+argv: a JSON spec, the output path. The spec: target, draft, method, ``speculative`` (extra
+speculative-config keys, plugin keys included), ``engine`` (extra LLM keyword arguments),
+``audit`` (per-step cache audit), ``inject_every`` (fail every N-th commit; 0 = never),
+``prompts`` (token lists; default PROMPTS), ``max_tokens``, ``draft_model_max_positions`` (a
+copy of the draft told it handles that many positions).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from cache_audit import CacheAudit, runner_of  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-from vllm_nwor.patches.model_runner import target_attention_layers  # noqa: E402
+from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
@@ -33,24 +36,38 @@ def read_fa_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Ten
     return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
 
 
-def main(target, draft, method, nwor, audit, inject_every, out_path) -> None:
-    if method == "ngram":
+def _limited_copy(draft: str, max_positions: int) -> str:
+    import shutil
+    import tempfile
+
+    copy = Path(tempfile.mkdtemp()) / "draft"
+    shutil.copytree(draft, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["max_position_embeddings"] = max_positions
+    (copy / "config.json").write_text(json.dumps(config))
+    return str(copy)
+
+
+def main(spec: dict, out_path: str) -> None:
+    audit, inject_every = spec.get("audit", False), spec.get("inject_every", 0)
+    if spec["method"] == "ngram":
         speculative = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     else:
+        draft = spec["draft"]
+        if spec.get("draft_model_max_positions"):
+            draft = _limited_copy(draft, spec["draft_model_max_positions"])
         speculative = {"method": "draft_model", "model": draft}
-    speculative["num_speculative_tokens"] = 3
-    if nwor:
-        speculative["nwor"] = True
-    llm = LLM(
-        model=target, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
+    speculative = {**speculative, "num_speculative_tokens": 3, **spec.get("speculative", {})}
+    engine = dict(
+        model=spec["target"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
         block_size=16, max_num_seqs=4, max_num_batched_tokens=64, gpu_memory_utilization=0.15,
         disable_log_stats=False, seed=0, enable_prefix_caching=False,
-        speculative_config=speculative,
         # The audit reads exact per-step KV lengths on the host, which async scheduling defers.
         async_scheduling=False if audit else None,
     )
+    llm = LLM(speculative_config=speculative, **{**engine, **spec.get("engine", {})})
     runner = runner_of(llm)
-    layers = target_attention_layers(runner.get_model())
+    layers = attention_layers(runner.get_model())
     cache_audit = CacheAudit(llm, layers, read_fa_tokens, 16) if audit else None
     interceptor = getattr(runner, "_nwor_interceptor", None)
     if inject_every and interceptor is not None:
@@ -63,8 +80,10 @@ def main(target, draft, method, nwor, audit, inject_every, out_path) -> None:
             commit_fn(buffer, slots)
 
         interceptor.commit_fn = flaky_commit
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 40), temperature=0.0,
+                            ignore_eos=True)
+    prompts = spec.get("prompts", PROMPTS)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
     summary = {
@@ -86,5 +105,4 @@ def main(target, draft, method, nwor, audit, inject_every, out_path) -> None:
 
 
 if __name__ == "__main__":
-    a = sys.argv[1:]
-    main(a[0], a[1], a[2], a[3] == "1", a[4] == "1", int(a[5]), a[6])
+    main(json.loads(sys.argv[1]), sys.argv[2])

@@ -29,16 +29,19 @@ def models(tmp_path_factory):
     )
 
 
-def probe(models, tmp_path, method, nwor, audit=False, inject_every=0) -> dict:
-    out = tmp_path / f"{method}-{nwor}-{audit}-{inject_every}.json"
+def probe(models, tmp_path, method, nwor, **spec) -> dict:
+    """Runs engine_probe_gpu.py; ``spec`` adds speculative keys, engine keys, audit, ..."""
+    speculative = {**({"nwor": True} if nwor else {}), **spec.pop("speculative", {})}
+    spec = {"target": models[0], "draft": models[1], "method": method,
+            "speculative": speculative, **spec}
+    out = tmp_path / f"probe-{len(list(tmp_path.iterdir()))}.json"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_probe_gpu.py"), *models, method, str(int(nwor)),
-         str(int(audit)), str(inject_every), str(out)],
+        [sys.executable, str(HERE / "engine_probe_gpu.py"), json.dumps(spec), str(out)],
         capture_output=True, text=True, timeout=500, env=dict(os.environ),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text()) | {"method": method}
-    print(method, "nwor" if nwor else "off", {k: v for k, v in result.items() if k != "tokens"})
+    print(method, speculative, {k: v for k, v in result.items() if k != "tokens"})
     return result
 
 
@@ -84,3 +87,32 @@ def test_draft_model_audit_catches_vllm_writing_rejected_drafts(models, tmp_path
     off = probe(models, tmp_path, "draft_model", False, audit=True)
     assert off["audit"]["rejected_drafts"] > 0
     assert any("beyond" in v for v in off["audit"]["violations"])
+
+
+# -- SCV and the draft context window on the GPU -----------------------------------------------
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_scv_with_nwor_keeps_greedy_output(models, tmp_path, async_scheduling):
+    """SCV chunks (plus NWOR) under default graphs, with async scheduling off and forced on."""
+    engine = {"async_scheduling": async_scheduling}
+    plain = probe(models, tmp_path, "draft_model", False, engine=engine)
+    scv = probe(models, tmp_path, "draft_model", True, engine=engine,
+                speculative={"scv": "adaptive", "scv_probe_interval": 2})
+    assert scv["async_scheduling"] == async_scheduling
+    print("token agreement SCV:", agreement(scv["tokens"], plain["tokens"]))
+    counters = scv["counters"]
+    assert counters["fallbacks"] == {}
+    assert (counters["tokens_staged"], counters["tokens_committed"]) == (
+        scv["drafted"], scv["accepted"])
+
+
+def test_draft_window_keeps_a_long_request_from_dropping_the_batch(models, tmp_path):
+    """The draft is told it handles 128 positions; one request of four is 300 tokens long."""
+    prompts = [[(7 * i + 13 * j) % 500 + 2 for j in range(n)]
+               for i, n in enumerate([20, 300, 30, 40])]
+    draft_limit = {"draft_model_max_positions": 128}
+    vllm = probe(models, tmp_path, "draft_model", False, prompts=prompts, **draft_limit)
+    window = probe(models, tmp_path, "draft_model", False, prompts=prompts, **draft_limit,
+                   speculative={"draft_context_window": 64})
+    assert window["accepted"] > 4 * max(1, vllm["accepted"])

@@ -15,20 +15,26 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 9. ``FlashAttentionMetadataBuilder.get_cudagraph_support``: with NWOR on, verify batches run
    PIECEWISE (FULL graphs were captured without the staged path).
 10. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
+11. ``Scheduler.__init__``: create the SCV chunk policy when ``scv`` is on.
+12. ``Scheduler._update_after_schedule``: the draft budget for the drafter.
+13. ``AsyncScheduler._update_after_schedule``: per-request chunk cut of draft placeholders.
+14. ``Scheduler.update_draft_token_ids``: per-request chunk cut of new drafts.
+15. ``Scheduler.update_from_output``: feed the policy chunks, verdicts and step times.
+16. ``DraftModelProposer._get_model``: window the draft model's attention (draft context window).
 
 Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
 
-11. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
-12. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
-13. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
-14. ``LLMEngine.__init__``, 15. ``AsyncLLM.__init__``: one front-end telemetry object per engine
+17. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
+18. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
+19. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
+20. ``LLMEngine.__init__``, 21. ``AsyncLLM.__init__``: one front-end telemetry object per engine
     (the AsyncLLM one also applies the OpenAI-server patches below).
-16. ``InprocClient.get_output``, 17. ``SyncMPClient.get_output``,
-    18. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
-19. ``OutputProcessor.add_request``: every request starts with empty metrics.
-20. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
-21. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
-22. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
+22. ``InprocClient.get_output``, 23. ``SyncMPClient.get_output``,
+    24. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
+25. ``OutputProcessor.add_request``: every request starts with empty metrics.
+26. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
+27. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
+28. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
 
 Applied with the first ``AsyncLLM`` (the API server), not at registration (``openai_serving.py``):
 
@@ -46,9 +52,11 @@ def all_patches() -> list[Patch]:
     """The patches applied when the plugin registers, in every process."""
     from vllm_nwor.patches import (
         cpu_attn,
+        draft_window,
         engine_args,
         flash_attn,
         model_runner,
+        scheduler,
         telemetry_engine,
         telemetry_frontend,
         worker,
@@ -60,6 +68,8 @@ def all_patches() -> list[Patch]:
         *cpu_attn.PATCHES,
         *flash_attn.PATCHES,
         *worker.PATCHES,
+        *scheduler.PATCHES,
+        *draft_window.PATCHES,
         *telemetry_engine.PATCHES,
         *telemetry_frontend.PATCHES,
     ]

@@ -23,7 +23,7 @@ from vllm_nwor.attention import chunk_verify_attention
 from vllm_nwor.config import NworConfigError
 from vllm_nwor.kv_layout import PagedKVLayout
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import BINDING_ATTR, LayerBinding
+from vllm_nwor.patches.model_runner import staged_binding, wrap_kv_cache_update
 
 
 def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -82,32 +82,17 @@ class CpuAttnBackend:
     def fused_ops(self, layers, buffer) -> tuple[None, None]:
         return None, None  # the interceptor's generic stage and commit use vLLM's CPU op
 
+    def window_attention(self, impl, window: int) -> None:
+        impl.sliding_window = window  # CPUAttentionBackendImpl keeps vLLM's per-layer value
+
 
 BACKEND = CpuAttnBackend()
 
 
-def _binding(layer) -> LayerBinding | None:
-    return getattr(layer, BINDING_ATTR, None)
-
-
-def _wrap_do_kv_cache_update(do_kv_cache_update):
-    def wrapper(self, layer, key, value, kv_cache, slot_mapping):
-        binding = _binding(layer)
-        if binding is None or not binding.interceptor.active:
-            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
-        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
-
-    return wrapper
-
-
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        binding = _binding(layer)
-        if (
-            binding is None
-            or attn_metadata is None
-            or not binding.interceptor.is_staged(binding.layer_idx)
-        ):
+        binding = staged_binding(layer, attn_metadata)
+        if binding is None:
             return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                            *args, **kwargs)
         layout: PagedKVLayout = binding.backend_state
@@ -138,7 +123,7 @@ PATCHES = [
     Patch(
         CPUAttentionBackendImpl,
         "do_kv_cache_update",
-        _wrap_do_kv_cache_update,
+        wrap_kv_cache_update,
         why="Route a bound target layer's KV write through the interceptor during a verify "
         "step. Draft-model layers are unbound and untouched.",
     ),

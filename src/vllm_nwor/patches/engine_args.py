@@ -19,6 +19,7 @@ from vllm_nwor.config import (
     split_plugin_keys,
 )
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.draft_window import lift_draft_limits
 
 logger = get_logger(__name__)
 
@@ -58,29 +59,54 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
 def check_engine_config(vllm_config: Any) -> None:
     """Refuses setups the plugin cannot serve, naming the setting and what is allowed."""
     config = config_from_additional(vllm_config.additional_config)
-    if config.nwor_telemetry and vllm_config.speculative_config is None:
-        raise NworConfigError(
-            "'nwor_telemetry': true needs speculative decoding; set a 'method' and "
-            "'num_speculative_tokens' in --speculative-config"
-        )
-    if not config.nwor:
+    defaults = NworConfig().to_dict()
+    given = {k: v for k, v in config.to_dict().items() if v != defaults[k]}
+    if given.get("nwor_telemetry") is False:  # switches nothing on
+        del given["nwor_telemetry"]
+    if not given:
         return
-    if vllm_config.speculative_config is None:
+    features = ", ".join(f"'{key}': {value!r}" for key, value in given.items())
+    tuning = [key for key in given if key.startswith("scv_")]
+    if tuning and config.scv == "off":
         raise NworConfigError(
-            "'nwor': true needs speculative decoding; set a 'method' (for example "
+            f"{', '.join(repr(k) for k in tuning)} set, but 'scv' is 'off'; set 'scv' to "
+            "'fixed' or 'adaptive', or drop them"
+        )
+    speculative = vllm_config.speculative_config
+    if speculative is None:
+        raise NworConfigError(
+            f"{features} needs speculative decoding; set a 'method' (for example "
             "\"ngram\" or \"draft_model\") and 'num_speculative_tokens' in --speculative-config"
         )
-    if vllm_config.use_v2_model_runner:
-        method = vllm_config.speculative_config.method
+    # Telemetry reads the scheduler's numbers, not the model runner's: either runner will do.
+    runner_features = ", ".join(f"'{k}': {v!r}" for k, v in given.items() if k != "nwor_telemetry")
+    if vllm_config.use_v2_model_runner and runner_features:
         raise NworConfigError(
-            f"'nwor': true needs vLLM's V1 model runner, but speculative method {method!r} "
-            "runs on the V2 runner here; set VLLM_USE_V2_MODEL_RUNNER=0 (supported methods: "
-            "ngram, draft_model)"
+            f"{runner_features} needs vLLM's V1 model runner, but speculative method "
+            f"{speculative.method!r} runs on the V2 runner here; set "
+            "VLLM_USE_V2_MODEL_RUNNER=0 (supported methods: ngram, draft_model)"
         )
+    k = speculative.num_speculative_tokens
+    if config.scv_chunk_size is not None and config.scv_chunk_size > k:
+        raise NworConfigError(
+            f"'scv_chunk_size' is {config.scv_chunk_size}, but num_speculative_tokens is {k}; "
+            f"allowed: 1 to {k}"
+        )
+    if config.draft_context_window is not None:
+        lift_draft_limits(vllm_config, config.draft_context_window)
+    if not config.nwor:
+        return
     if vllm_config.kv_transfer_config is not None:
         raise NworConfigError(
             "'nwor': true cannot be combined with --kv-transfer-config: connectors save each "
             "layer's KV right after attention, before NWOR commits the accepted drafts"
+        )
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype not in ("auto", "bfloat16", "float16"):
+        raise NworConfigError(
+            f"'nwor': true does not support kv_cache_dtype={cache_dtype!r} (allowed: 'auto', "
+            "'bfloat16', 'float16'): committing fp8 drafts would have to reproduce vLLM's "
+            "quantization exactly"
         )
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise NworConfigError(

@@ -30,7 +30,7 @@ from vllm_nwor.kernels.chunk_attention import chunk_attention_merge
 from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv
 from vllm_nwor.kernels.stage_kv import stage_kv
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import BINDING_ATTR, LayerBinding
+from vllm_nwor.patches.model_runner import staged_binding, wrap_kv_cache_update
 from vllm_nwor.staging import CommitFn, StageFn, StagingBuffer, VerifyStep
 
 
@@ -110,6 +110,9 @@ class FlashAttnBackend:
 
         return stage, commit
 
+    def window_attention(self, impl, window: int) -> None:
+        impl.sliding_window = (window - 1, 0)  # FlashAttentionImpl's form of a causal window
+
     def prefix_lens(self, attn_metadata) -> torch.Tensor:
         """Committed tokens per request, ``seq_len - query_len``; once per step, on device."""
         if self._prefix_lens_for is not attn_metadata:
@@ -124,24 +127,9 @@ class FlashAttnBackend:
 BACKEND = FlashAttnBackend()
 
 
-def _wrap_do_kv_cache_update(do_kv_cache_update):
-    def wrapper(self, layer, key, value, kv_cache, slot_mapping):
-        binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
-        if binding is None or not binding.interceptor.active:
-            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
-        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
-
-    return wrapper
-
-
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
-        if (
-            binding is None
-            or attn_metadata is None
-            or not binding.interceptor.is_staged(binding.layer_idx)
-        ):
+        if staged_binding(layer, attn_metadata) is None:
             return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                            *args, **kwargs)
         n = attn_metadata.num_actual_tokens
@@ -187,7 +175,7 @@ PATCHES = [
     Patch(
         fa.FlashAttentionImpl,
         "do_kv_cache_update",
-        _wrap_do_kv_cache_update,
+        wrap_kv_cache_update,
         why="Route a bound target layer's KV write through the interceptor during a verify "
         "step (fused stage kernel). Draft-model layers are unbound and untouched.",
     ),

@@ -7,7 +7,9 @@ draft_model on the GPU) goes through, per step::
     sample_tokens:  _sample (rejection sampling)  -> drafter  -> bookkeeping
 
 The plugin begins the verify step when ``_prepare_inputs`` has placed the drafts, and commits
-right after ``_sample``: after the verdict and before the drafter runs.
+right after ``_sample``: after the verdict and before the drafter runs. The benchmark feature of
+per-request synthetic acceptance (:mod:`vllm_nwor.synthetic`) thins the verdict there too, before
+the commit, so every consumer (NWOR, the drafter, the scheduler) sees the same verdict.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from vllm_nwor.staging import (
     StagingBuffer,
     VerifyStep,
 )
+from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at, thin_acceptance
 
 logger = get_logger(__name__)
 
@@ -38,6 +41,9 @@ INTERCEPTOR_ATTR = "_nwor_interceptor"
 
 BINDING_ATTR = "_nwor_binding"
 """Set on each target ``Attention`` layer: its :class:`LayerBinding`."""
+
+SYNTHETIC_ATTR = "_nwor_synthetic_acceptance"
+"""Set on the runner: whether per-request synthetic acceptance (a benchmark feature) is on."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,30 @@ class NworBackend(Protocol):
     ) -> tuple[StageFn | None, CommitFn | None]:
         """Fused stage and commit, or None to use the interceptor's generic versions."""
 
+    def window_attention(self, impl: Any, window: int) -> None:
+        """Makes ``impl`` attend to the last ``window`` tokens (draft context window)."""
+
+
+def staged_binding(layer: Attention, attn_metadata: Any) -> LayerBinding | None:
+    """The layer's binding when its attention must take the staged path, else None."""
+    binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
+    if binding is None or attn_metadata is None:
+        return None
+    return binding if binding.interceptor.is_staged(binding.layer_idx) else None
+
+
+def wrap_kv_cache_update(do_kv_cache_update):
+    """A backend's ``do_kv_cache_update``: a bound layer's write goes to the interceptor during
+    a verify step; every other call (draft-model layers, other steps) is vLLM's own."""
+
+    def wrapper(self, layer, key, value, kv_cache, slot_mapping):
+        binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
+        if binding is None or not binding.interceptor.active:
+            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
+        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
+
+    return wrapper
+
 
 def _backends() -> list[NworBackend]:
     from vllm_nwor.patches import cpu_attn, flash_attn
@@ -77,8 +107,8 @@ def _backends() -> list[NworBackend]:
     return [cpu_attn.BACKEND, flash_attn.BACKEND]
 
 
-def target_attention_layers(model: torch.nn.Module) -> list[Attention]:
-    """The target model's attention layers that write their own KV cache, in model order."""
+def attention_layers(model: torch.nn.Module) -> list[Attention]:
+    """A model's attention layers that write their own KV cache, in model order."""
     return [
         module
         for module in model.modules()
@@ -88,10 +118,12 @@ def target_attention_layers(model: torch.nn.Module) -> list[Attention]:
 
 def bind(runner: GPUModelRunner) -> NworInterceptor | None:
     """Builds the interceptor and binds it to every target layer (a no-op when NWOR is off)."""
+    config = config_from_additional(runner.vllm_config.additional_config)
+    setattr(runner, SYNTHETIC_ATTR, config.synthetic_acceptance_per_request)
     setattr(runner, INTERCEPTOR_ATTR, None)
-    if not config_from_additional(runner.vllm_config.additional_config).nwor:
+    if not config.nwor:
         return None
-    layers = target_attention_layers(runner.get_model())
+    layers = attention_layers(runner.get_model())
     if not layers:
         raise NworConfigError("'nwor': true found no attention layers in the target model")
     backend = _backend_for(layers[0])
@@ -187,9 +219,28 @@ def _wrap_prepare_inputs(prepare_inputs):
     return wrapper
 
 
+def _request_rates(runner: GPUModelRunner, num_reqs: int) -> torch.Tensor:
+    """Each batch row's synthetic acceptance rate (1 where the request sets none)."""
+    rates = []
+    for req_id in runner.input_batch.req_ids[:num_reqs]:
+        state = runner.requests[req_id]
+        extra = state.sampling_params.extra_args if state.sampling_params else None
+        spec = extra.get(EXTRA_ARGS_KEY) if extra else None
+        rates.append(rate_at(spec, len(state.output_token_ids)))
+    host = torch.tensor(rates, dtype=torch.float32)
+    if runner.device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(runner.device, non_blocking=True)
+
+
 def _wrap_sample(sample):
     def wrapper(self, logits, spec_decode_metadata):
         sampler_output = sample(self, logits, spec_decode_metadata)
+        if spec_decode_metadata is not None and getattr(self, SYNTHETIC_ATTR, False):
+            sampled = sampler_output.sampled_token_ids
+            sampler_output.sampled_token_ids = thin_acceptance(
+                sampled, _request_rates(self, sampled.shape[0])
+            )
         interceptor: NworInterceptor | None = getattr(self, INTERCEPTOR_ATTR, None)
         if interceptor is not None and interceptor.step is not None:
             interceptor.commit(interceptor.step.accepted_mask(sampler_output.sampled_token_ids))
@@ -218,6 +269,7 @@ PATCHES = [
         "_sample",
         _wrap_sample,
         why="Commit the accepted drafts right after rejection sampling, before the drafter "
-        "runs. Its only caller is sample_tokens.",
+        "runs (and, as a benchmark feature, thin the verdict per request first). Its only "
+        "caller is sample_tokens.",
     ),
 ]

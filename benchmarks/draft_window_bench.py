@@ -1,0 +1,115 @@
+"""Draft context window on the GPU: its cost against vLLM's draft_model path, and its gain.
+
+Two engines in one run, alternating batches: vLLM's draft_model path, and the same with
+``"draft_context_window": W``. The 2-layer draft is told it handles ``--draft-max`` positions.
+
+- ``short`` workload: every prompt fits the draft: vLLM drafts normally, so the ratio is the
+  window's own cost (windowed draft attention; FlashAttention's AOT scheduling is off once the
+  draft's layers have a window the target's do not).
+- ``mixed`` workload: one request in eight is longer than the draft's limit: vLLM zeroes the
+  whole batch's drafts while it runs; the window keeps everyone drafting.
+
+Acceptance is real rejection sampling: with dummy weights the draft nearly always agrees with
+the target, and vLLM's zeroed drafts are rejected. (Synthetic acceptance would accept zeroed
+drafts like real ones and hide the batch-wide drop.)
+
+    python benchmarks/draft_window_bench.py --window 256 --jsonl $OUT/draft_window_bench.jsonl
+    python benchmarks/draft_window_bench.py --merge draft_window_bench.jsonl \\
+        --result benchmarks/results/draft_window_<date>_<gpu>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import append_jsonl  # noqa: E402
+from gpu_engines import Engine, prompts, tokens_per_second, write_models  # noqa: E402
+
+
+def engine_kwargs(target: str, draft: str, window: int | None, k: int, max_batch: int) -> dict:
+    speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    if window:
+        speculative["draft_context_window"] = window
+    return dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                max_model_len=2048, max_num_seqs=max_batch, gpu_memory_utilization=0.42,
+                seed=0, disable_log_stats=False, enable_prefix_caching=False,
+                speculative_config=speculative)
+
+
+def batch_prompts(workload: str, batch: int, seed: int, draft_max: int) -> list[list[int]]:
+    short = prompts(batch, seed, length=draft_max // 2)
+    if workload == "short":
+        return short
+    long = prompts(batch, seed + 1, length=min(1800, 3 * draft_max))
+    return [long[i] if i % 8 == 0 else short[i] for i in range(batch)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--draft-max", type=int, default=512)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--jsonl", type=Path)
+    parser.add_argument("--merge", type=Path)
+    parser.add_argument("--result", type=Path)
+    args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.result)
+        return
+    with tempfile.TemporaryDirectory() as root:
+        target, draft = write_models(Path(root), draft_max_positions=args.draft_max)
+        engines = {}
+        try:
+            for window in (None, args.window):
+                engines[window] = Engine(f"window={window}", engine_kwargs(
+                    target, draft, window, args.k, max(args.batches)))
+            for engine in engines.values():
+                engine.run(prompts(2, seed=99))
+            for workload in ("short", "mixed"):
+                for batch in args.batches:
+                    runs = {w: [] for w in engines}
+                    for rep in range(args.reps):
+                        batch_in = batch_prompts(workload, batch, 1000 * batch + rep,
+                                                 args.draft_max)
+                        order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
+                        for window in order:
+                            runs[window].append(engines[window].run(batch_in))
+                    row = {"workload": workload, "batch": batch, "window": args.window,
+                           "draft_max": args.draft_max, "k": args.k}
+                    for window, label in ((None, "vllm"), (args.window, "window")):
+                        row[f"tok_s_{label}"] = round(statistics.median(
+                            tokens_per_second(r) for r in runs[window]), 1)
+                        drafted = sum(r["drafted"] for r in runs[window])
+                        accepted = sum(r["accepted"] for r in runs[window])
+                        row[f"acceptance_{label}"] = round(accepted / max(1, drafted), 4)
+                    row["throughput_ratio"] = round(row["tok_s_window"] / row["tok_s_vllm"], 4)
+                    print(json.dumps(row), flush=True)
+                    append_jsonl(args.jsonl, row)
+        finally:
+            for engine in engines.values():
+                engine.stop()
+
+
+def merge(jsonl: Path, result: Path) -> None:
+    from common import environment
+
+    cells = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    payload = {**environment(), "benchmark": "draft_window",
+               "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft", "cells": cells}
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(json.dumps(payload, indent=1) + "\n")
+    print(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Engine processes for the GPU benchmarks: one vLLM engine per process, driven over a pipe.
+
+Several engines can be alive in one run (started one after the other), so a benchmark can
+alternate batches between them. Each reply carries the batch's tokens, wall time, median
+inter-token latency and the spec-decode and NWOR counter deltas.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+LLAMA3_8B = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
+    intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
+    rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu", tie_word_embeddings=False,
+    torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001,
+)
+PROMPT_LEN, OUTPUT_LEN = 512, 128
+
+
+def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[str, str]:
+    """Config-only checkpoints (weights come from ``load_format="dummy"``): target, draft."""
+    target, draft = root / "llama3-8b-shape", root / "draft-2layer"
+    for path, layers in ((target, 32), (draft, 2)):
+        config = {**LLAMA3_8B, "num_hidden_layers": layers}
+        if path == draft and draft_max_positions:
+            config["max_position_embeddings"] = draft_max_positions
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(config))
+    return str(target), str(draft)
+
+
+def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
+    rng = random.Random(seed)
+    # A repeated motif gives ngram something to match; the rest is random.
+    return [[rng.randrange(1000, 120000) for _ in range(16)] * 8
+            + [rng.randrange(1000, 120000) for _ in range(length - 128)]
+            for _ in range(batch)]
+
+
+def engine_main(conn, kwargs: dict) -> None:
+    """Engine process: builds one LLM, then serves ("run", prompts, extra_args) until stop."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    import vllm_nwor
+
+    llm = LLM(**kwargs)
+    spec = kwargs.get("speculative_config") is not None
+
+    def snapshot() -> dict:
+        if not spec:
+            return {"drafted": 0, "accepted": 0, "rejected_by_nwor": 0, "fallbacks": {}}
+        metrics = {m.name: m for m in llm.get_metrics()}
+        counters = vllm_nwor.get_counters(llm)
+        return {
+            "drafted": metrics["vllm:spec_decode_num_draft_tokens"].value,
+            "accepted": metrics["vllm:spec_decode_num_accepted_tokens"].value,
+            "rejected_by_nwor": counters.tokens_rejected if counters else 0,
+            "fallbacks": counters.fallbacks if counters else {},
+        }
+
+    conn.send("ready")
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            break
+        _, batch_prompts, extra_args = message
+        params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
+                                 extra_args=extra) for extra in extra_args]
+        before = snapshot()
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
+                               use_tqdm=False)
+        seconds = time.perf_counter() - start
+        after = snapshot()
+        itls = []
+        for o in outputs:
+            m, n = o.metrics, len(o.outputs[0].token_ids)
+            if m is not None and n > 1 and m.last_token_ts > m.first_token_ts:
+                itls.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+        conn.send({
+            "seconds": seconds,
+            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            "itl_median": statistics.median(itls) if itls else None,
+            "drafted": after["drafted"] - before["drafted"],
+            "accepted": after["accepted"] - before["accepted"],
+            "rejected_by_nwor": after["rejected_by_nwor"] - before["rejected_by_nwor"],
+            "fallbacks": after["fallbacks"],
+        })
+
+
+class Engine:
+    """A vLLM engine in its own process; fails at once if that process dies."""
+
+    def __init__(self, name: str, kwargs: dict) -> None:
+        self.name = name
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=engine_main, args=(child, kwargs))
+        start = time.perf_counter()
+        self.process.start()
+        if self._receive() != "ready":
+            raise RuntimeError(f"engine {name} did not start")
+        self.startup_seconds = time.perf_counter() - start
+
+    def _receive(self):
+        while not self.conn.poll(1.0):
+            if not self.process.is_alive():
+                raise RuntimeError(
+                    f"engine {self.name} exited with code {self.process.exitcode}"
+                )
+        return self.conn.recv()
+
+    def run(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> dict:
+        self.conn.send(("run", batch_prompts, extra_args or [None] * len(batch_prompts)))
+        return self._receive()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(("stop",))
+        self.process.join(timeout=120)
+
+
+def tokens_per_second(run: dict) -> float:
+    return sum(len(t) for t in run["tokens"]) / run["seconds"]

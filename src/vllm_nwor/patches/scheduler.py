@@ -1,0 +1,177 @@
+"""Scheduler patches for SCV: size each request's verify chunk; tell the drafter how many to draft.
+
+vLLM 0.26's scheduler verifies whatever drafts a request holds in ``spec_token_ids``, and the
+model runner drafts ``SchedulerOutput.num_spec_tokens_to_schedule`` tokens per request (0 keeps
+the drafter's KV in sync but proposes nothing). SCV uses exactly these two levers:
+
+- once per step, when the batch is scheduled (``_update_after_schedule``), the policy plans
+  the chunk of every request that will get drafts after this step, and
+  ``num_spec_tokens_to_schedule`` becomes the longest planned chunk (the draft budget);
+- when those drafts arrive (``update_draft_token_ids``; with async scheduling, when the
+  ``AsyncScheduler`` sets draft placeholders), each request's drafts are cut to its chunk size;
+- after each step's verdicts (``update_from_output``), the policy observes every request's chunk
+  and accepted prefix, and the step's duration.
+
+Greedy outputs are unchanged: verifying fewer drafts never changes which tokens are emitted.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from vllm_nwor._logging import get_logger
+from vllm_nwor.config import config_from_additional
+from vllm_nwor.patches._patch import Patch
+from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk
+
+logger = get_logger(__name__)
+
+POLICY_ATTR = "_nwor_scv"
+"""Set on the scheduler: its :class:`ChunkPolicy`, or None when SCV is off."""
+
+
+def _policy(scheduler: Scheduler) -> ChunkPolicy | None:
+    return getattr(scheduler, POLICY_ATTR, None)
+
+
+def _wrap_init(init):
+    def wrapper(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        config = config_from_additional(self.vllm_config.additional_config)
+        policy = None
+        if config.scv != "off" and self.num_spec_tokens > 0:
+            settings = ScvSettings(
+                mode=config.scv,
+                max_chunk=config.scv_chunk_size or self.num_spec_tokens,
+                probe_interval=config.scv_probe_interval,
+                acceptance_window=config.scv_acceptance_window,
+                cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
+            )
+            policy = ChunkPolicy(settings)
+            logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
+                        settings.max_chunk)
+        setattr(self, POLICY_ATTR, policy)
+        self._nwor_scheduled_at = {}
+
+    return wrapper
+
+
+def _wrap_update_after_schedule(update_after_schedule):
+    def wrapper(self, scheduler_output):
+        update_after_schedule(self, scheduler_output)
+        policy = _policy(self)
+        if policy is None:
+            return
+        # Requests past their prompt after this step get drafts at its end: plan their chunks.
+        policy.plan([r for r in scheduler_output.num_scheduled_tokens
+                     if not self.requests[r].is_prefill_chunk])
+        scheduler_output.num_spec_tokens_to_schedule = policy.draft_budget()
+        self._nwor_scheduled_at[id(scheduler_output)] = time.perf_counter()
+
+    return wrapper
+
+
+def _wrap_async_update_after_schedule(update_after_schedule):
+    def wrapper(self, scheduler_output):
+        # The base method (patched above) plans and sets the budget; the placeholders it
+        # sizes are then cut to each request's chunk.
+        update_after_schedule(self, scheduler_output)
+        policy = _policy(self)
+        if policy is not None:
+            _cut_drafts(self, policy)
+
+    return wrapper
+
+
+def _wrap_update_draft_token_ids(update_draft_token_ids):
+    def wrapper(self, draft_token_ids):
+        update_draft_token_ids(self, draft_token_ids)
+        policy = _policy(self)
+        if policy is not None:
+            _cut_drafts(self, policy)
+
+    return wrapper
+
+
+def _cut_drafts(scheduler: Scheduler, policy: ChunkPolicy) -> None:
+    for req_id, size in policy.current_plan().items():
+        request = scheduler.requests.get(req_id)
+        if request is not None and len(request.spec_token_ids) > size:
+            request.spec_token_ids = request.spec_token_ids[:size]
+
+
+def _wrap_update_from_output(update_from_output):
+    def wrapper(self, scheduler_output, model_runner_output):
+        policy = _policy(self)
+        if policy is not None:
+            _observe(self, policy, scheduler_output, model_runner_output)
+        outputs = update_from_output(self, scheduler_output, model_runner_output)
+        if policy is not None:
+            for req_id in policy.known_requests() - self.requests.keys():
+                policy.forget(req_id)
+        return outputs
+
+    return wrapper
+
+
+def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
+             model_runner_output) -> None:
+    """Feeds the policy this step's chunks (vLLM's own accepted counts) and its duration."""
+    sampled = model_runner_output.sampled_token_ids
+    index = model_runner_output.req_id_to_index
+    chunks = []
+    for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+        request = scheduler.requests.get(req_id)
+        row = index.get(req_id)
+        if request is None or row is None or not sampled or not sampled[row] or not drafts:
+            continue
+        accepted = len(sampled[row]) - 1  # the scheduler's num_accepted
+        first = request.num_computed_tokens - len(drafts)
+        chunks.append(SpecChunk(req_id, tuple(drafts), first, accepted))
+    policy.observe(chunks)
+    started = scheduler._nwor_scheduled_at.pop(id(scheduler_output), None)
+    if started is not None and sampled:
+        drafted = scheduler_output.num_spec_tokens_to_schedule * len(
+            scheduler_output.num_scheduled_tokens
+        )
+        policy.observe_step(scheduler_output.total_num_scheduled_tokens, drafted,
+                            time.perf_counter() - started)
+
+
+PATCHES = [
+    Patch(
+        Scheduler,
+        "__init__",
+        _wrap_init,
+        why="Create the SCV policy when 'scv' is on. Retired by a scheduler hook for "
+        "per-request speculation length.",
+    ),
+    Patch(
+        Scheduler,
+        "_update_after_schedule",
+        _wrap_update_after_schedule,
+        why="Plan every request's chunk once per step and set the draft budget "
+        "(num_spec_tokens_to_schedule) for the drafter.",
+    ),
+    Patch(
+        AsyncScheduler,
+        "_update_after_schedule",
+        _wrap_async_update_after_schedule,
+        why="With async scheduling, cut each request's draft placeholders to its chunk.",
+    ),
+    Patch(
+        Scheduler,
+        "update_draft_token_ids",
+        _wrap_update_draft_token_ids,
+        why="Cut each request's new drafts to its planned chunk size.",
+    ),
+    Patch(
+        Scheduler,
+        "update_from_output",
+        _wrap_update_from_output,
+        why="Feed the policy each request's chunk and accepted prefix, and the step time.",
+    ),
+]
