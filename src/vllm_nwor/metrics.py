@@ -111,15 +111,16 @@ class TelemetryMetrics:
         )
         self.chunk_size = prometheus_client.Histogram(
             "vllm:scv_chunk_size",
-            "Drafts verified per request and speculative step (without SCV: the scheduled "
-            "drafts; with SCV: the chunk size it chose, 0 included).",
+            "Drafts verified per request step: one observation per speculative step (its "
+            "scheduled drafts, cut by SCV when it is on), and with SCV one of 0 per decode "
+            "step SCV gave no drafts.",
             labelnames=_LABELS,
             buckets=[float(c) for c in range(num_spec_tokens + 1)],
             **reg,
         )
         self.chunk_zero_steps = counter(
             "vllm:scv_chunk_zero_steps",
-            "Request steps in which SCV chose to verify no drafts (0 without SCV).",
+            "Decode steps of a request that SCV gave no drafts (chunk 0); 0 without SCV.",
         )
         self.request_mean_acceptance_length = prometheus_client.Histogram(
             "vllm:nwor_request_mean_acceptance_length",

@@ -12,8 +12,9 @@ acceptance length
     scheduler's own ``num_accepted``, the number vLLM adds to
     ``vllm:spec_decode_num_accepted_tokens``. The bonus (or recovered) token is not counted.
 chunk size
-    The number of drafts verified for a request in one speculative step. Without SCV it is the
-    request's number of scheduled drafts; SCV reports the sizes it chooses, 0 included.
+    The number of drafts verified for a request in one step: the request's scheduled drafts
+    (SCV cuts them to the size it chose). A speculative step has a chunk of 1 or more; with SCV,
+    a decode step of a request SCV gave no drafts is a step at chunk 0 (not a speculative step).
 
 The data path::
 
@@ -27,7 +28,7 @@ The data path::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,10 +136,10 @@ class SpecDecodeStep:
 class SpecStepStats:
     """Engine-wide numbers of one engine step, for the plugin's Prometheus metrics.
 
-    ``chunk_size_counts[c]`` counts the (request, speculative step) pairs of the step that
-    verified ``c`` drafts. ``nwor_counters`` is the engine's cumulative NWOR counters
-    (:meth:`NworCounters.as_dict`, summed over tensor-parallel ranks) when they were read this
-    step, else None.
+    ``chunk_size_counts[c]`` counts the request steps that verified ``c`` drafts: for ``c >= 1``
+    the speculative steps, for ``c = 0`` the decode steps SCV gave chunk 0. ``nwor_counters`` is
+    the engine's cumulative NWOR counters (:meth:`NworCounters.as_dict`, summed over
+    tensor-parallel ranks) when they were read this step, else None.
     """
 
     chunk_size_counts: list[int] = field(default_factory=list)
@@ -163,7 +164,8 @@ class SpecTelemetry:
     """The engine core's side: collects each step's speculative steps and engine-wide numbers.
 
     The scheduler calls :meth:`observe_verify` for every request it verified drafts of, with
-    the numbers it adds to vLLM's spec-decode stats. After each step the engine core takes
+    the numbers it adds to vLLM's spec-decode stats, and SCV calls :meth:`observe_chunk_zero`
+    for the requests it scheduled without drafts. After each step the engine core takes
     :meth:`take_step` (per front end) and, with log stats, :meth:`take_stats`.
 
     Args:
@@ -196,7 +198,6 @@ class SpecTelemetry:
         self._steps: dict[int, SpecDecodeStep] = {}
         self._chunk_sizes = [0] * (num_spec_tokens + 1)
         self._chunk_sizes_dirty = False
-        self._chunk_sizes_from_scv = False
         self._nwor_dirty = False
         self._nwor_read_at = float("-inf")
 
@@ -214,7 +215,7 @@ class SpecTelemetry:
         """One speculative step of ``req_id``: ``num_accepted`` of ``num_drafted`` accepted.
 
         ``num_scheduled_drafts`` includes drafts that structured output invalidated (they were
-        verified all the same); it is the step's chunk size unless SCV reports its own.
+        verified all the same); it is the step's chunk size.
         """
         step = self._steps.get(client_index)
         if step is None:
@@ -223,24 +224,22 @@ class SpecTelemetry:
         step.num_drafted.append(num_drafted)
         step.num_accepted.append(num_accepted)
         self._nwor_dirty = True
-        if self.collect_stats and not self._chunk_sizes_from_scv:
-            self._count_chunk(num_scheduled_drafts)
-
-    def report_chunk_sizes(self, sizes: Iterable[int]) -> None:
-        """SCV's hook: the chunk sizes it chose this step, one per request, 0 included.
-
-        From the first report on, chunk sizes come from SCV only (scheduled drafts no longer
-        count), so nothing is counted twice.
-        """
-        self._chunk_sizes_from_scv = True
         if self.collect_stats:
-            for size in sizes:
-                self._count_chunk(size)
+            self._count_chunk(num_scheduled_drafts, 1)
 
-    def _count_chunk(self, size: int) -> None:
+    def observe_chunk_zero(self, num_requests: int) -> None:
+        """SCV's hook: ``num_requests`` requests run a decode step at chunk 0 (no drafts).
+
+        Such a step is not a speculative step: it adds to the chunk-size histogram's 0 bucket
+        only, never to a request's acceptance lengths.
+        """
+        if self.collect_stats and num_requests:
+            self._count_chunk(0, num_requests)
+
+    def _count_chunk(self, size: int, count: int) -> None:
         if size >= len(self._chunk_sizes):
             self._chunk_sizes.extend([0] * (size + 1 - len(self._chunk_sizes)))
-        self._chunk_sizes[size] += 1
+        self._chunk_sizes[size] += count
         self._chunk_sizes_dirty = True
 
     # -- engine core side -----------------------------------------------------------------------

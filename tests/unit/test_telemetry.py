@@ -89,17 +89,29 @@ def test_no_engine_wide_numbers_without_log_stats():
     assert telemetry.take_stats(unfinished_requests=False) is None
 
 
-def test_scv_reports_replace_scheduled_drafts_so_nothing_counts_twice():
+def test_scv_chunk_zero_steps_fill_bucket_0_and_no_request_step():
     telemetry = SpecTelemetry(4, collect_stats=True)
-    telemetry.report_chunk_sizes([0, 2, 0])
-    telemetry.observe_verify("a", 2, 1, num_scheduled_drafts=2)  # SCV already reported it
+    telemetry.observe_chunk_zero(2)
+    telemetry.observe_verify("a", 2, 1, num_scheduled_drafts=2)
+    telemetry.observe_chunk_zero(0)
     stats = telemetry.take_stats(unfinished_requests=True)
     assert stats.chunk_size_counts == [2, 0, 1, 0, 0]
+    assert telemetry.take_step()[0].req_ids == ["a"]  # chunk 0 is not a speculative step
+
+
+def test_chunk_zero_alone_makes_stats_and_needs_log_stats():
+    telemetry = SpecTelemetry(3, collect_stats=True)
+    telemetry.observe_chunk_zero(1)
+    assert telemetry.take_stats(unfinished_requests=True).chunk_size_counts == [1, 0, 0, 0]
+    assert telemetry.take_step() == {}
+    quiet = SpecTelemetry(3, collect_stats=False)
+    quiet.observe_chunk_zero(3)
+    assert quiet.take_stats(unfinished_requests=True) is None
 
 
 def test_chunk_sizes_beyond_k_grow_the_counts():
     telemetry = SpecTelemetry(2, collect_stats=True)
-    telemetry.report_chunk_sizes([5])
+    telemetry.observe_verify("a", 5, 0, num_scheduled_drafts=5)
     assert telemetry.take_stats(unfinished_requests=True).chunk_size_counts == [0, 0, 0, 0, 0, 1]
 
 

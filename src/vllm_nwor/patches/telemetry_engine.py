@@ -77,10 +77,10 @@ class NworEngineCoreOutputs(
 def telemetry_of(scheduler: Scheduler) -> SpecTelemetry | None:
     """The scheduler's :class:`SpecTelemetry`, made on first use; None when telemetry is off.
 
-    SCV reports the chunk sizes it chooses through it::
+    SCV (``patches/scheduler.py``) reports its chunk-0 steps through it::
 
         if (telemetry := telemetry_of(scheduler)) is not None:
-            telemetry.report_chunk_sizes(sizes)
+            telemetry.observe_chunk_zero(num_requests)
     """
     telemetry = scheduler.__dict__.get(TELEMETRY_ATTR, _UNSET)
     if telemetry is _UNSET:
