@@ -33,7 +33,8 @@ class NworConfig:
     """Stage draft tokens' K/V during verification; commit only accepted prefixes."""
     nwor_telemetry: bool | None = None
     """Per-request acceptance lengths in outputs and responses, plugin metrics on /metrics.
-    ``None`` (the default) follows ``nwor``: on exactly when NWOR is on."""
+    ``None`` (the default) follows the other keys: on exactly when another plugin feature is on
+    (``nwor``, ``scv``, ``draft_context_window``, ``synthetic_acceptance_per_request``)."""
     scv: str = "off"
     """Chunk verifier: ``off``, ``fixed`` (every request verifies ``scv_chunk_size`` drafts) or
     ``adaptive`` (each request's chunk sized from its own acceptance and the step cost)."""
@@ -65,8 +66,9 @@ class NworConfig:
 
     @property
     def telemetry(self) -> bool:
-        """Whether telemetry is on (``nwor_telemetry``, or ``nwor`` when it is unset)."""
-        return self.nwor if self.nwor_telemetry is None else self.nwor_telemetry
+        """Whether telemetry is on: ``nwor_telemetry``, or, when it is unset, whether another
+        plugin feature is on."""
+        return self._features if self.nwor_telemetry is None else self.nwor_telemetry
 
     @property
     def enabled(self) -> bool:

@@ -55,6 +55,7 @@ def test_installed_but_not_enabled_changes_nothing(summaries):
     for key in ("tokens", "logprobs", "spec_stats", "config_hash", "additional_config",
                 "output_types", "plugin_metrics"):
         assert with_plugin[key] == without[key], key
-    # Telemetry follows NWOR: off here, so vLLM's own output type and no plugin metrics.
+    # Telemetry follows the plugin's other keys: off here, so vLLM's own output type and no
+    # plugin metrics.
     assert with_plugin["output_types"] == ["CompletionOutput"]
     assert with_plugin["plugin_metrics"] == []

@@ -64,8 +64,20 @@ def test_read_back_from_additional_config_ignores_other_plugins_keys():
     assert not config_from_additional(None).enabled
 
 
+@pytest.mark.parametrize(
+    "feature",
+    [{"nwor": True}, {"scv": "adaptive"}, {"scv": "fixed"}, {"draft_context_window": 64},
+     {"synthetic_acceptance_per_request": True}],
+)
+def test_telemetry_follows_the_other_features_unless_set(feature):
+    assert NworConfig.from_dict(feature).telemetry
+    assert not NworConfig.from_dict({**feature, "nwor_telemetry": False}).telemetry
+    assert NworConfig.from_dict({**feature, "nwor_telemetry": False}).enabled
+
+
 def test_telemetry_follows_nwor_unless_set():
     assert not NworConfig().telemetry
+    assert not NworConfig.from_dict({"scv": "off"}).telemetry
     assert NworConfig.from_dict({"nwor": True}).telemetry
     assert not NworConfig.from_dict({"nwor": True, "nwor_telemetry": False}).telemetry
     on_alone = NworConfig.from_dict({"nwor_telemetry": True})

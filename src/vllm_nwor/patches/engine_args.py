@@ -125,10 +125,13 @@ def log_activation(vllm_config: Any) -> None:
     import vllm_nwor
     from vllm_nwor.patches import all_patches
 
+    window = config.draft_context_window
     logger.info(
-        "vllm-nwor %s on vLLM %s: nwor %s, telemetry %s (%d patches)",
-        vllm_nwor.__version__, vllm.__version__, "on" if config.nwor else "off",
-        "on" if config.telemetry else "off", len(all_patches()),
+        "vllm-nwor %s on vLLM %s: nwor %s, scv %s, draft context window %s, telemetry %s "
+        "(%d patches)",
+        vllm_nwor.__version__, vllm.__version__, "on" if config.nwor else "off", config.scv,
+        "off" if window is None else window, "on" if config.telemetry else "off",
+        len(all_patches()),
     )
 
 
