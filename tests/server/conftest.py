@@ -24,21 +24,46 @@ def served_model(tmp_path_factory) -> str:
     return write_served_model(tmp_path_factory.mktemp("served-model"))
 
 
-@pytest.fixture(scope="module")
-def telemetry_servers(served_model, tmp_path_factory):
-    """(on, off): NWOR with its default telemetry, and the plugin installed but not enabled.
+@pytest.fixture(scope="session")
+def servers(served_model, tmp_path_factory) -> dict:
+    """Every server the tests use, started at once so that their start-ups overlap.
 
-    Both start at once, so their start-ups overlap; both are stopped however the tests end.
+    ``on``: NWOR with its default telemetry; ``off``: the plugin installed but not enabled;
+    ``scv``: adaptive SCV alone (telemetry on by default, NWOR off). All are stopped however the
+    tests end.
     """
     logs = tmp_path_factory.mktemp("server-logs")
-    servers = []
+    configs = {"on": {**NGRAM, "nwor": True}, "off": NGRAM, "scv": {**NGRAM, "scv": "adaptive"}}
+    started = {}
     try:
-        servers.append(VllmServer(served_model, {**NGRAM, "nwor": True}, logs / "on.log"))
-        servers.append(VllmServer(served_model, NGRAM, logs / "off.log"))
+        for name, config in configs.items():
+            started[name] = VllmServer(served_model, config, logs / f"{name}.log")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for server in servers:
-            server.wait_ready(deadline)
-        yield servers[0], servers[1]
+        for name, config in configs.items():
+            try:
+                started[name].wait_ready(deadline)
+            except RuntimeError:
+                # Servers starting together can race for the same free port (vLLM picks its
+                # torch.distributed port by binding port 0 and letting go); start that one again.
+                log = started[name].log_path.read_text(errors="replace")
+                if "EADDRINUSE" not in log and "Address already in use" not in log:
+                    raise
+                started[name].stop()
+                started[name] = VllmServer(served_model, config, logs / f"{name}.retry.log")
+                started[name].wait_ready(deadline)
+        yield started
     finally:
-        for server in servers:
+        for server in started.values():
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def telemetry_servers(servers):
+    """(on, off): NWOR with its default telemetry, and the plugin installed but not enabled."""
+    return servers["on"], servers["off"]
+
+
+@pytest.fixture(scope="module")
+def scv_server(servers):
+    """Adaptive SCV without NWOR; telemetry follows it."""
+    return servers["scv"]

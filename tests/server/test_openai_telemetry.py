@@ -4,11 +4,13 @@ Two servers run the same traffic with the ``openai`` client: one with NWOR on (t
 it by default), one with the plugin installed but not enabled. Completions and chat, plain and
 streamed, greedy, and n=2 with sampling. Every request is bracketed by /metrics scrapes, so each
 request's acceptance lengths are checked against what vLLM's spec-decode counters and the
-plugin's counters moved by for that request alone.
+plugin's counters moved by for that request alone. A third server, adaptive SCV alone, runs the
+same traffic afterwards: its chunk-size metrics request by request, and greedy output unchanged.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -231,3 +233,61 @@ def test_plugin_off_server_has_none_of_the_fields_and_nothing_else_changes(traff
                         "vllm:spec_decode_num_accepted_tokens_total"):
             assert delta(off[name]["before"], off[name]["after"], counter) == \
                 delta(on[name]["before"], on[name]["after"], counter), (name, counter)
+
+
+@pytest.fixture(scope="module")
+def scv_traffic(scv_server):
+    return run_traffic(scv_server)
+
+
+def test_scv_chunk_metrics_agree_with_acceptance_lengths_request_by_request(scv_traffic):
+    totals = {"steps": 0, "zero": 0}
+    for name, result in scv_traffic.items():
+        before, after = result["before"], result["after"]
+        extras = [extra for _, extra in final_choices(result["response"])]
+        steps = sum(len(e["acceptance_lengths"]) for e in extras)
+        accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
+        drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
+
+        def d(metric: str, before=before, after=after, **labels) -> float:
+            return delta(before, after, metric, **labels)
+
+        # Steps SCV gave chunk 0 are no speculative steps: vLLM's counters and the lists agree.
+        assert d("vllm:spec_decode_num_drafts_total") == steps, name
+        assert d("vllm:spec_decode_num_draft_tokens_total") == drafted, name
+        assert d("vllm:spec_decode_num_accepted_tokens_total") == accepted, name
+        # The histogram has one observation per speculative step plus one 0 per chunk-0 step.
+        zero = d("vllm:scv_chunk_zero_steps_total")
+        assert d("vllm:scv_chunk_size_count") == steps + zero, name
+        assert d("vllm:scv_chunk_size_bucket", le="0.0") == zero, name
+        assert d("vllm:scv_chunk_size_sum") == drafted, name
+        assert d("vllm:nwor_tokens_staged_total") == 0, name  # NWOR is off here
+        totals["steps"] += steps
+        totals["zero"] += zero
+    # SCV's warm-up explores chunk 0 from a fixed seed: the workload must hit both kinds.
+    assert totals["steps"] > 10 and totals["zero"] > 0, totals
+
+
+def streamed_text(chunks) -> dict[int, str]:
+    """Each choice's text (or chat content), joined over a stream's chunks."""
+    text: dict[int, str] = collections.defaultdict(str)
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta_ = getattr(choice, "delta", None)
+            text[choice.index] += (delta_.content or "") if delta_ else choice.text
+    return dict(text)
+
+
+def test_scv_server_changes_no_greedy_response(scv_traffic, traffic):
+    _, off = traffic
+    volatile = ("id", "created", "system_fingerprint")
+    for name in ("completion", "chat"):
+        scv_json, off_json = as_json(scv_traffic[name]["response"]), as_json(off[name]["response"])
+        assert without(scv_json, OURS + volatile) == without(off_json, volatile), name
+        assert keys_anywhere(scv_json) & set(OURS), name  # telemetry follows scv
+    # Streams are cut per engine step, and SCV changes how many tokens a step emits: compare
+    # what they add up to.
+    for name in ("completion_stream", "chat_stream"):
+        scv_chunks, off_chunks = scv_traffic[name]["response"], off[name]["response"]
+        assert streamed_text(scv_chunks) == streamed_text(off_chunks), name
+        assert any("acceptance_lengths" in c.model_extra for c in scv_chunks), name
