@@ -21,9 +21,11 @@ PromQL, over a 5-minute window:
         / rate(vllm:spec_decode_num_accepted_tokens_total[5m])
 
 - mean chunk size: ``rate(vllm:scv_chunk_size_sum[5m]) / rate(vllm:scv_chunk_size_count[5m])``
-- share of request steps SCV verified nothing::
+- share of request steps SCV gave chunk 0 (plain decoding)::
 
       rate(vllm:scv_chunk_zero_steps_total[5m]) / rate(vllm:scv_chunk_size_count[5m])
+
+More in docs/telemetry.md.
 
 - median per-request mean acceptance length::
 
