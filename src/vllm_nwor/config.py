@@ -31,6 +31,10 @@ class NworConfig:
 
     nwor: bool = False
     """Stage draft tokens' K/V during verification; commit only accepted prefixes."""
+    nwor_telemetry: bool | None = None
+    """Per-request acceptance lengths in outputs and responses, plugin metrics on /metrics.
+    ``None`` (the default) follows the other keys: on exactly when another plugin feature is on
+    (``nwor``, ``scv``, ``draft_context_window``, ``synthetic_acceptance_per_request``)."""
     scv: str = "off"
     """Chunk verifier: ``off``, ``fixed`` (every request verifies ``scv_chunk_size`` drafts) or
     ``adaptive`` (each request's chunk sized from its own acceptance and the step cost)."""
@@ -51,14 +55,25 @@ class NworConfig:
     (see :mod:`vllm_nwor.synthetic`). Never for production traffic."""
 
     @property
-    def enabled(self) -> bool:
-        """Whether any plugin feature is switched on."""
+    def _features(self) -> bool:
+        """Whether a plugin feature other than telemetry is switched on."""
         return (
             self.nwor
             or self.scv != "off"
             or self.draft_context_window is not None
             or self.synthetic_acceptance_per_request
         )
+
+    @property
+    def telemetry(self) -> bool:
+        """Whether telemetry is on: ``nwor_telemetry``, or, when it is unset, whether another
+        plugin feature is on."""
+        return self._features if self.nwor_telemetry is None else self.nwor_telemetry
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any plugin feature is switched on."""
+        return self._features or self.telemetry
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> NworConfig:
@@ -98,6 +113,7 @@ class _Key:
 
 _KEYS = {
     "nwor": _Key(bool, "true or false"),
+    "nwor_telemetry": _Key(bool, "true, false or null", optional=True),
     "scv": _Key(str, "one of 'off', 'fixed', 'adaptive'", choices=("off", "fixed", "adaptive")),
     "scv_chunk_size": _Key(int, "an integer >= 1 (at most num_speculative_tokens)", minimum=1,
                            optional=True),

@@ -16,6 +16,7 @@ from vllm_nwor import NworConfigError
         ({}, {"nwor": 1}, ["additional_config", "'nwor'", "1", "true or false"]),
         ({}, {"nwor_mode": "on"}, ["additional_config", "'nwor_mode'", "'on'", "nwor"]),
         ({"nwor": True}, {"nwor": False}, ["set twice", "True", "False"]),
+        ({"nwor_telemetry": "yes"}, None, ["'nwor_telemetry'", "'yes'", "true, false or null"]),
     ],
 )
 def test_bad_keys_and_values_fail_with_key_value_and_allowed(
@@ -52,6 +53,20 @@ def test_nwor_without_speculative_decoding_is_refused(tiny_models):
     with pytest.raises(NworConfigError, match="needs speculative decoding"), engine(
         target, None, additional_config={"nwor": True}
     ):
+        pass
+
+
+def test_telemetry_without_speculative_decoding_is_refused(tiny_models):
+    target, _ = tiny_models
+    with pytest.raises(NworConfigError, match="'nwor_telemetry': True needs speculative"), engine(
+        target, None, additional_config={"nwor_telemetry": True}
+    ):
+        pass
+
+
+def test_telemetry_switched_off_needs_nothing(tiny_models):
+    target, _ = tiny_models
+    with engine(target, None, additional_config={"nwor_telemetry": False}):
         pass
 
 
