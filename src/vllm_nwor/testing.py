@@ -1,10 +1,15 @@
-"""Tiny random-weight Llama checkpoints for tests, the CPU demo and benchmarks.
+"""Model checkpoints for tests, demos and benchmarks.
 
-No machine here can reach a model hub, so checkpoints are written on the spot. Weights are drawn
-with a larger spread than vLLM's ``load_format="dummy"`` (whose tiny uniform values make greedy
-decoding loop within a few tokens and almost never reject a draft). The draft model is the
-target's first layers with the target's embeddings and head, plus optional noise, so it agrees
-with the target sometimes and not at other times: drafts are accepted and rejected.
+No machine here can reach a model hub.
+
+- ``shipped_pair`` locates the trained byte-level target/draft pair committed under ``models/``
+  (written by ``scripts/train_pair.py``; see docs/model_pair.md). Its draft agrees with its
+  target sometimes and not at other times, more often on repetitive code than on novel code.
+- ``write_tiny_llama_pair`` writes tiny random-weight Llamas on the spot. Weights are drawn with
+  a larger spread than vLLM's ``load_format="dummy"`` (whose tiny uniform values make greedy
+  decoding loop within a few tokens and almost never reject a draft). The draft model is the
+  target's first layers with the target's embeddings and head, plus optional noise, so it agrees
+  with the target sometimes and not at other times: drafts are accepted and rejected.
 """
 
 from __future__ import annotations
@@ -13,6 +18,26 @@ import json
 from pathlib import Path
 
 import torch
+
+SHIPPED_TARGET = "pystd-target"
+SHIPPED_DRAFT = "pystd-draft"
+
+
+def shipped_pair(models_dir: str | Path | None = None) -> tuple[str, str]:
+    """Absolute paths of the committed (target, draft) pair, ``models/pystd-{target,draft}``.
+
+    The pair lives in the source checkout, not in an installed wheel; ``models_dir`` points
+    elsewhere (for example at a fresh ``scripts/train_pair.py --out DIR``).
+    """
+    root = Path(models_dir) if models_dir else Path(__file__).resolve().parents[2] / "models"
+    paths = (root / SHIPPED_TARGET, root / SHIPPED_DRAFT)
+    for path in paths:
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no model at {path}: the shipped pair is in the source checkout's models/ "
+                "directory (scripts/train_pair.py writes it)"
+            )
+    return str(paths[0]), str(paths[1])
 
 
 def write_tiny_llama_pair(
