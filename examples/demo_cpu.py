@@ -5,7 +5,7 @@ directory, then runs vLLM 0.26's CPU engine with draft_model speculative decodin
 prints the greedy outputs (identical), vLLM's spec-decode counters and NWOR's counters: every
 rejected draft is a KV write the paged cache never received.
 
-Run it with ``make demo`` (which builds the environment first).
+Run it with ``make demo-random`` (which builds the environment first).
 """
 
 from __future__ import annotations

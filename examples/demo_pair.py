@@ -1,33 +1,50 @@
-"""NWOR on the shipped pair: real text, a draft that is right sometimes, plugin off vs on.
+"""`make demo`: NWOR and SCV on the shipped model pair, against the plugin off.
 
 Runs vLLM 0.26's CPU engine with the committed byte-level pair (``models/pystd-target`` and
-``models/pystd-draft``, trained on the Python standard library by ``scripts/train_pair.py``) and
-``draft_model`` speculative decoding, k=3, once per mode. It prints the completions as text,
-vLLM's spec-decode stats, NWOR's counters and the throughput of each mode.
+``models/pystd-draft``, trained on the Python standard library by ``scripts/train_pair.py``; see
+docs/model_pair.md) and ``draft_model`` speculative decoding, k=3, in two modes:
+
+- ``off``: vLLM alone (the plugin is installed but off), every request verifies 3 drafts a step;
+- ``nwor``: NWOR on (draft K/V staged, only accepted prefixes written to the cache);
+- ``scv``: SCV adaptive alone;
+- ``nwor+scv``: NWOR and SCV adaptive (each request's verify chunk sized every step from its
+  own acceptance and the engine's measured step cost).
+
+It prints the completions as text, each request's acceptance lengths (drafts accepted in each of
+its speculative steps) and chunk sizes, and a table of NWOR's and SCV's counters and throughput,
+and draws every request's steps to a PNG. It exits non-zero if the greedy text differs between
+the modes or a counter disagrees with vLLM's own spec-decode stats.
 
 Each mode runs in its own engine, one after the other: vLLM's metrics live in one process-wide
-registry. The first pass over the prompts warms the engine and gives the text and the stats;
-the passes after it are timed.
+registry. The first pass over the prompts warms the engine up (SCV explores chunk sizes for its
+first 32 steps to fit its step-cost model) and gives the text; the passes after it are timed.
+Per-request numbers are those of the last timed pass.
 
-Run it with ``make demo-pair`` (which builds the environment first).
+Per-request acceptance lengths come from the in-process scheduler
+(``vllm_nwor.testing.SpecStepRecorder``): vLLM's own per-request counts, the ones it adds to
+``vllm:spec_decode_num_accepted_tokens``; the demo checks that they add up to it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the scheduler is in-process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-from vllm_nwor.testing import shipped_pair  # noqa: E402
+from vllm_nwor.patches.scheduler import POLICY_ATTR  # noqa: E402
+from vllm_nwor.testing import RequestSteps, SpecStepRecorder, shipped_pair  # noqa: E402
 
+REPO = Path(__file__).resolve().parent.parent
 K = 3
 MAX_TOKENS = 96
 TIMED_PASSES = 3
@@ -43,6 +60,8 @@ PROMPTS = [
 MODES: dict[str, dict] = {
     "off": {},
     "nwor": {"nwor": True},
+    "scv": {"scv": "adaptive"},
+    "nwor+scv": {"nwor": True, "scv": "adaptive"},
 }
 
 
@@ -51,27 +70,23 @@ class ModeRun:
     name: str
     texts: list[str]
     tokens: int
-    drafts: int
     draft_tokens: int
     accepted: int
-    accepted_per_position: list[int]
     counters: vllm_nwor.NworCounters | None
     seconds: list[float]
+    requests: list[RequestSteps]
+    step_cost: tuple[float, float, float] | None
+    """SCV's fitted step cost (fixed, per token, per draft) in seconds; None without SCV."""
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / statistics.median(self.seconds)
 
 
-def spec_decode_snapshot(llm: LLM) -> dict:
+def spec_decode_totals(llm: LLM) -> tuple[int, int]:
     metrics = {m.name: m for m in llm.get_metrics()}
-    return {
-        "drafts": int(metrics["vllm:spec_decode_num_drafts"].value),
-        "draft_tokens": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
-        "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
-        "accepted_per_position": list(
-            metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values),
-    }
+    return (int(metrics["vllm:spec_decode_num_draft_tokens"].value),
+            int(metrics["vllm:spec_decode_num_accepted_tokens"].value))
 
 
 def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
@@ -82,20 +97,39 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
               max_num_batched_tokens=256, enforce_eager=True, gpu_memory_utilization=0.3,
               disable_log_stats=False, seed=0, speculative_config=speculative)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    recorder = SpecStepRecorder(llm)
     try:
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-        stats = spec_decode_snapshot(llm)
-        counters = vllm_nwor.get_counters(llm)
+        outputs = llm.generate(PROMPTS, params, use_tqdm=False)  # warm-up; the text
+        recorder.take()
         seconds = []
         for _ in range(TIMED_PASSES):
+            before = spec_decode_totals(llm)
             start = time.perf_counter()
-            llm.generate(PROMPTS, params, use_tqdm=False)
+            timed = llm.generate(PROMPTS, params, use_tqdm=False)
             seconds.append(time.perf_counter() - start)
+            requests = recorder.take(timed)
+            after = spec_decode_totals(llm)
+            recorded = (sum(sum(s.chunks) for s in requests),
+                        sum(sum(s.accepted) for s in requests))
+            if recorded != (after[0] - before[0], after[1] - before[1]):
+                raise SystemExit(f"{name}: per-request steps {recorded} do not add up to vLLM's "
+                                 f"spec-decode stats {after} - {before}")
+            # TODO(telemetry): once CompletionOutput.acceptance_lengths (the telemetry feature)
+            # is on main, read the acceptance lengths from `timed` and drop the recorder's.
+            for output, steps in zip(timed, requests, strict=True):
+                lengths = getattr(output.outputs[0], "acceptance_lengths", None)
+                if lengths is not None and list(lengths) != steps.accepted:
+                    raise SystemExit(f"acceptance_lengths {lengths} != scheduler's {steps}")
+        draft_tokens, accepted = spec_decode_totals(llm)
+        counters = vllm_nwor.get_counters(llm)
+        policy = getattr(llm.llm_engine.engine_core.engine_core.scheduler, POLICY_ATTR, None)
+        step_cost = policy.cost.coefficients if policy is not None else None
     finally:
         llm.llm_engine.engine_core.shutdown()
     return ModeRun(name=name, texts=[o.outputs[0].text for o in outputs],
-                   tokens=sum(len(o.outputs[0].token_ids) for o in outputs),
-                   counters=counters, seconds=seconds, **stats)
+                   tokens=sum(len(o.outputs[0].token_ids) for o in timed),
+                   draft_tokens=draft_tokens, accepted=accepted, counters=counters,
+                   seconds=seconds, requests=requests, step_cost=step_cost)
 
 
 def print_completions(run: ModeRun) -> None:
@@ -104,54 +138,149 @@ def print_completions(run: ModeRun) -> None:
         print(f"{prompt}[{text}]\n")
 
 
-def print_spec_decode(run: ModeRun) -> None:
-    per_position = ", ".join(f"{a / run.drafts:.2f}" for a in run.accepted_per_position)
-    print(f"vLLM spec decode ({run.name}):")
-    print(f"  {run.drafts} drafts of {K} tokens; {run.accepted} of {run.draft_tokens} draft "
-          f"tokens accepted ({run.accepted / run.draft_tokens:.2f})")
-    print(f"  mean acceptance length {1 + run.accepted / run.drafts:.2f} tokens per draft "
-          "(the target's own token included)")
-    print(f"  acceptance by draft position: {per_position}")
+def _runs_of(values: list[int]) -> str:
+    """``0 0 0 1 0 0`` as ``0x3 1 0x2``."""
+    parts = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        parts.append(str(values[i]) if j - i == 1 else f"{values[i]}x{j - i}")
+        i = j
+    return " ".join(parts)
+
+
+def print_requests(runs: list[ModeRun]) -> None:
+    off, scv = runs[0], runs[-1]
+    print(f"Per request, last timed pass. A speculative step verifies a chunk of drafts (off and "
+          f"nwor: always {K};\nSCV: 0..{K} per request and step, 0 = plain decoding); its "
+          "acceptance length is how many of them were accepted.\n")
+    print(f"{'':8s}{off.name + ': spec steps':>18s}{'mean acc. length':>18s}"
+          f"{scv.name + ': decode steps':>26s}{'chunk 0':>9s}{'accepted/drafted':>18s}")
+    for i, (a, b) in enumerate(zip(off.requests, scv.requests, strict=True)):
+        mean = statistics.fmean(a.accepted) if a.accepted else 0.0
+        print(f"{'req ' + str(i):8s}{len(a.accepted):>18d}{mean:>18.2f}{len(b.chunks):>26d}"
+              f"{b.chunks.count(0):>9d}{f'{sum(b.accepted)}/{sum(b.chunks)}':>18s}")
+    for run in runs:
+        if run is not off and [r.accepted for r in run.requests] == [
+                r.accepted for r in off.requests]:
+            print(f"\nacceptance lengths, {run.name}: the same as {off.name}'s, step for step")
+            continue
+        if run is not off and run is not scv:
+            continue
+        print(f"\nacceptance lengths, {run.name}:")
+        for i, steps in enumerate(run.requests):
+            print(f"  req {i}: {' '.join(map(str, steps.accepted)) or '-'}")
+    print(f"\nchunk sizes, {scv.name} (NxM = N for M steps in a row):")
+    for i, steps in enumerate(scv.requests):
+        print(f"  req {i}: {_runs_of(steps.chunks)}")
+    if scv.step_cost is not None:
+        fixed, per_token, per_draft = (1e3 * c for c in scv.step_cost)
+        print(f"\nSCV's step-cost model, fitted to this engine's own steps: {fixed:.2f} ms + "
+              f"{per_token:.3f} ms per scheduled token + {per_draft:.3f} ms per proposed draft.\n"
+              "The drafter proposes one number of drafts for the whole batch; a request verifies "
+              "fewer\nonly where verifying costs more than its drafts bring, which takes a "
+              "per-token cost that is\nlarge next to the fixed one (a compute-bound step). "
+              "tests/engine/test_model_pair.py shows\nthe pair's requests taking different "
+              "chunks under such a cost model.")
 
 
 def print_table(runs: list[ModeRun]) -> None:
+    rows: list[tuple[str, list[str]]] = []
     keys = [k for k in vllm_nwor.NworCounters().as_dict() if k != "fallbacks"]
-    header = f"{'':22s}" + "".join(f"{run.name:>14s}" for run in runs)
+    for key in keys:
+        rows.append((key, [str(r.counters.as_dict()[key]) if r.counters else "-" for r in runs]))
+    rows.append(("fallbacks", [str(r.counters.fallbacks or "none") if r.counters else "-"
+                               for r in runs]))
+    rows.append(("vLLM draft tokens", [str(r.draft_tokens) for r in runs]))
+    rows.append(("vLLM accepted", [str(r.accepted) for r in runs]))
+    rows.append(("draft acceptance", [f"{r.accepted / r.draft_tokens:.2f}" for r in runs]))
+    for size in range(K + 1):
+        rows.append((f"steps at chunk {size} (last)",
+                     [str(sum(s.chunks.count(size) for s in r.requests)) for r in runs]))
+    rows.append(("tokens/s (median)", [f"{r.tokens_per_second:.1f}" for r in runs]))
+    base = runs[0].tokens_per_second
+    rows.append((f"vs {runs[0].name}", [f"{r.tokens_per_second / base:.2f}x" for r in runs]))
+    header = f"{'':26s}" + "".join(f"{run.name:>14s}" for run in runs)
     print(header)
     print("-" * len(header))
-    for key in keys:
-        cells = [run.counters.as_dict()[key] if run.counters else "-" for run in runs]
-        print(f"{key:22s}" + "".join(f"{cell:>14}" for cell in cells))
-    fallbacks = [str(run.counters.fallbacks or "none") if run.counters else "-" for run in runs]
-    print(f"{'fallbacks':22s}" + "".join(f"{cell:>14s}" for cell in fallbacks))
-    print(f"{'draft acceptance':22s}"
-          + "".join(f"{run.accepted / run.draft_tokens:>14.2f}" for run in runs))
-    print(f"{'tokens/s (median)':22s}" + "".join(f"{run.tokens_per_second:>14.1f}" for run in runs))
-    base = runs[0].tokens_per_second
-    print(f"{'vs ' + runs[0].name:22s}" + "".join(
-        f"{run.tokens_per_second / base:>13.2f}x" for run in runs))
+    for label, cells in rows:
+        print(f"{label:26s}" + "".join(f"{cell:>14s}" for cell in cells))
+
+
+def draw(runs: list[ModeRun], path: Path) -> None:
+    """One strip per request and mode: a column per decode step, as tall as the step's chunk,
+    green for accepted drafts, red for rejected ones, grey for a step without drafts."""
+    from PIL import Image, ImageDraw
+
+    cell, label_width, gap = 4, 110, 6
+    shown = [runs[0], runs[-1]]  # nwor's steps are off's
+    strips = [(f"{run.name} req {i}", steps) for run in shown
+              for i, steps in enumerate(run.requests)]
+    steps_max = max(len(s.chunks) for _, s in strips)
+    height_one = cell * K + 2
+    width = max(label_width + (cell + 1) * steps_max + 10, 480)
+    height = 44 + len(strips) * (height_one + gap)
+    image = Image.new("RGB", (width, height), "white")
+    ink = ImageDraw.Draw(image)
+    ink.text((10, 6), "each request's decode steps, left to right (last timed pass):", fill="black")
+    ink.text((10, 20), f"drafts verified (height, up to {K}): accepted green, rejected red; "
+             "no drafts grey", fill="black")
+    for row, (label, steps) in enumerate(strips):
+        y0 = 40 + row * (height_one + gap)
+        ink.text((10, y0 + 2), label, fill="black")
+        accepted = iter(steps.accepted)
+        for col, chunk in enumerate(steps.chunks):
+            x = label_width + col * (cell + 1)
+            bottom = y0 + height_one
+            if chunk == 0:
+                ink.rectangle([x, bottom - 2, x + cell - 1, bottom], fill=(170, 170, 170))
+                continue
+            good = next(accepted, 0)
+            for j in range(chunk):
+                top = bottom - (j + 1) * cell
+                ink.rectangle([x, top, x + cell - 1, top + cell - 2],
+                              fill=(60, 170, 75) if j < good else (215, 60, 50))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, optimize=True)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--png", type=Path, default=REPO / "build" / "demo_pair.png",
+                        help="where the picture goes (default: build/demo_pair.png)")
+    args = parser.parse_args()
     target, draft = shipped_pair()
-    print(f"vllm-nwor demo: shipped byte-level pair, draft_model speculation, k={K}, "
-          f"{len(PROMPTS)} requests x {MAX_TOKENS} tokens, fp32 on the CPU\n")
+    print(f"vllm-nwor demo: the shipped byte-level pair (models/), draft_model speculation, "
+          f"k={K}, {len(PROMPTS)} requests x {MAX_TOKENS} tokens, fp32 on the CPU; modes: "
+          f"{', '.join(MODES)}\n")
+    started = time.perf_counter()
     runs = [run_mode(name, keys, target, draft) for name, keys in MODES.items()]
-    nwor = next(run for run in runs if run.name == "nwor")
+    scv = runs[-1]
 
-    print_completions(nwor)
-    print_spec_decode(nwor)
-    print(f"\nNWOR counters and throughput ({TIMED_PASSES} timed passes per mode; on the CPU "
-          "NWOR's staged steps use the PyTorch reference attention):\n")
+    print_completions(scv)
+    print_requests(runs)
+    print(f"\nCounters over all {1 + TIMED_PASSES} passes, steps at each chunk size over the last, "
+          f"throughput over the {TIMED_PASSES} timed passes.\nOn the CPU, NWOR's staged steps "
+          "compute attention with the PyTorch reference for the whole batch\ninstead of vLLM's C++ "
+          "kernel (docs/design.md), so NWOR's throughput here says little about the GPU.\n")
     print_table(runs)
+    draw(runs, args.png)
+    print(f"\npicture: {os.path.relpath(args.png)}")
 
     same_text = all(run.texts == runs[0].texts for run in runs)
-    print(f"\ngreedy completions identical in every mode: {same_text}")
-    counters = nwor.counters
-    if (not same_text or counters is None or counters.fallbacks
-            or counters.tokens_staged != nwor.draft_tokens
-            or counters.tokens_committed != nwor.accepted):
-        raise SystemExit("demo check failed: outputs differ or counters disagree with vLLM")
+    print(f"greedy completions identical in every mode: {same_text}  "
+          f"({time.perf_counter() - started:.0f} s)")
+    failures = [] if same_text else ["greedy text differs between modes"]
+    for run in runs:
+        counters = run.counters
+        if MODES[run.name].get("nwor") and (counters is None or counters.fallbacks
+                                  or counters.tokens_staged != run.draft_tokens
+                                  or counters.tokens_committed != run.accepted):
+            failures.append(f"{run.name}: NWOR counters disagree with vLLM's spec-decode stats")
+    if failures:
+        raise SystemExit("demo check failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,15 @@ No machine here can reach a model hub.
   decoding loop within a few tokens and almost never reject a draft). The draft model is the
   target's first layers with the target's embeddings and head, plus optional noise, so it agrees
   with the target sometimes and not at other times: drafts are accepted and rejected.
+- ``SpecStepRecorder`` records each request's chunk sizes and acceptance lengths from an
+  in-process engine's scheduler.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -152,3 +156,60 @@ def long_run_pair(root: str | Path, window: int = 256) -> tuple[str, str, str]:
     long_target = copy(target, "target-sliding", max_position_embeddings=4096,
                        sliding_window=window, layer_types=["sliding_attention"] * layers)
     return long_target, draft, copy(draft, "draft-4096", max_position_embeddings=4096)
+
+@dataclass
+class RequestSteps:
+    """One request's decode steps, as the scheduler saw them."""
+
+    chunks: list[int] = field(default_factory=list)
+    """Drafts verified in each decode step; 0 where the request decoded without drafts."""
+    accepted: list[int] = field(default_factory=list)
+    """Drafts accepted in each speculative step (a decode step with drafts): the request's
+    acceptance lengths."""
+
+
+class SpecStepRecorder:
+    """Each request's chunk sizes and acceptance lengths, read from an in-process scheduler.
+
+    Needs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and vLLM's
+    stats on (``disable_log_stats=False``). It wraps two methods of the scheduler instance:
+    ``schedule``, for the drafts each decode step verifies per request (0 where SCV chose plain
+    decoding), and ``make_spec_decoding_stats``, which vLLM 0.26 calls once per request and
+    speculative step with the numbers it adds to ``vllm:spec_decode_num_draft_tokens`` and
+    ``vllm:spec_decode_num_accepted_tokens``. So the acceptance lengths are vLLM's own counts.
+    """
+
+    def __init__(self, llm) -> None:
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        self._steps: dict[str, RequestSteps] = defaultdict(RequestSteps)
+        schedule, make_stats = scheduler.schedule, scheduler.make_spec_decoding_stats
+
+        def recording_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            for req_id, scheduled in out.num_scheduled_tokens.items():
+                request = scheduler.requests[req_id]
+                # num_computed_tokens already counts this step's tokens: decode steps only.
+                if request.num_computed_tokens - scheduled >= request.num_prompt_tokens:
+                    drafts = out.scheduled_spec_decode_tokens.get(req_id, ())
+                    self._steps[req_id].chunks.append(len(drafts))
+            return out
+
+        def recording_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                            num_invalid_spec_tokens, request_id):
+            if num_draft_tokens:
+                self._steps[request_id].accepted.append(num_accepted_tokens)
+            return make_stats(spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                              num_invalid_spec_tokens, request_id)
+
+        scheduler.schedule = recording_schedule
+        scheduler.make_spec_decoding_stats = recording_stats
+
+    def take(self, outputs=()) -> list[RequestSteps]:
+        """The steps of ``outputs``' requests (``RequestOutput`` list), in their order, and
+        forget everything recorded so far."""
+        # The engine's request id is the caller's plus "-" and 8 random characters (unless
+        # VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set).
+        steps, self._steps = self._steps, defaultdict(RequestSteps)
+        by_caller_id = {req_id[:-9]: s for req_id, s in steps.items() if req_id[-9:-8] == "-"}
+        return [steps.get(o.request_id) or by_caller_id.get(o.request_id) or RequestSteps()
+                for o in outputs]
