@@ -10,6 +10,8 @@ No machine here can reach a model hub.
   decoding loop within a few tokens and almost never reject a draft). The draft model is the
   target's first layers with the target's embeddings and head, plus optional noise, so it agrees
   with the target sometimes and not at other times: drafts are accepted and rejected.
+- ``held_out_prompt_ids`` and ``long_run_pair`` set the pair up for generations far past its 256
+  trained positions (docs/draft_window.md).
 - ``SpecStepRecorder`` records each request's chunk sizes and acceptance lengths from an
   in-process engine's scheduler.
 """
