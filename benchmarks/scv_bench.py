@@ -71,7 +71,7 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int) -> dict:
     k = {"fixed_k2": 2, "fixed_k4": 4}.get(policy, 8)
     speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
                    "rejection_sample_method": "synthetic",
-                   "synthetic_acceptance_rates": [1.0] * k,
+                   "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
     if policy == "vllm_batch_schedule":
         speculative["num_speculative_tokens_per_batch_size"] = BATCH_SCHEDULE

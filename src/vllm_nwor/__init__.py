@@ -9,6 +9,7 @@ from typing import Any
 
 from vllm_nwor.config import NworConfig, NworConfigError
 from vllm_nwor.staging import NworCounters
+from vllm_nwor.telemetry import combine_rank_counters
 
 __version__ = "0.1.0"
 
@@ -21,9 +22,5 @@ def get_counters(llm: Any) -> NworCounters | None:
     Token counts are the same on every tensor-parallel rank; KV bytes not written are summed over
     the ranks, since each holds its own heads.
     """
-    per_rank = [c for c in llm.collective_rpc("nwor_counters") if c is not None]
-    if not per_rank:
-        return None
-    first = dict(per_rank[0])
-    first["kv_bytes_not_written"] = sum(c["kv_bytes_not_written"] for c in per_rank)
-    return NworCounters(**first)
+    combined = combine_rank_counters(llm.collective_rpc("nwor_counters"))
+    return None if combined is None else NworCounters(**combined)

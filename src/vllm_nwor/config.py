@@ -16,7 +16,7 @@ message names the key, the value and what is allowed. This module imports nothin
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -31,6 +31,10 @@ class NworConfig:
 
     nwor: bool = False
     """Stage draft tokens' K/V during verification; commit only accepted prefixes."""
+    nwor_telemetry: bool | None = None
+    """Per-request acceptance lengths in outputs and responses, plugin metrics on /metrics.
+    ``None`` (the default) follows the other keys: on exactly when another plugin feature is on
+    (``nwor``, ``scv``, ``draft_context_window``, ``synthetic_acceptance_per_request``)."""
     scv: str = "off"
     """Chunk verifier: ``off``, ``fixed`` (every request verifies ``scv_chunk_size`` drafts) or
     ``adaptive`` (each request's chunk sized from its own acceptance and the step cost)."""
@@ -51,14 +55,25 @@ class NworConfig:
     (see :mod:`vllm_nwor.synthetic`). Never for production traffic."""
 
     @property
-    def enabled(self) -> bool:
-        """Whether any plugin feature is switched on."""
+    def _features(self) -> bool:
+        """Whether a plugin feature other than telemetry is switched on."""
         return (
             self.nwor
             or self.scv != "off"
             or self.draft_context_window is not None
             or self.synthetic_acceptance_per_request
         )
+
+    @property
+    def telemetry(self) -> bool:
+        """Whether telemetry is on: ``nwor_telemetry``, or, when it is unset, whether another
+        plugin feature is on."""
+        return self._features if self.nwor_telemetry is None else self.nwor_telemetry
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any plugin feature is switched on."""
+        return self._features or self.telemetry
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> NworConfig:
@@ -98,6 +113,7 @@ class _Key:
 
 _KEYS = {
     "nwor": _Key(bool, "true or false"),
+    "nwor_telemetry": _Key(bool, "true, false or null", optional=True),
     "scv": _Key(str, "one of 'off', 'fixed', 'adaptive'", choices=("off", "fixed", "adaptive")),
     "scv_chunk_size": _Key(int, "an integer >= 1 (at most num_speculative_tokens)", minimum=1,
                            optional=True),
@@ -124,18 +140,26 @@ def _unknown_key_message(key: str, value: Any, where: str) -> str:
     )
 
 
-def looks_like_plugin_key(key: str) -> bool:
+def looks_like_plugin_key(key: str, host_keys: Collection[str] = ()) -> bool:
     """True for the plugin's keys and for near-misses of them (``nwr``, ``nwor_enable``).
 
     Near-misses are claimed so that a typo gets the plugin's message rather than slipping through
-    ``--additional-config`` unnoticed. Keys that resemble nothing of ours are left to vLLM.
+    ``--additional-config`` unnoticed. Keys that resemble nothing of ours are left to vLLM, and so
+    are ``host_keys``: vLLM's own keys in that place (``synthetic_acceptance_length`` is close to
+    ``synthetic_acceptance_per_request`` but is vLLM's).
     """
-    if key in PLUGIN_KEYS or key.lower().startswith(_PLUGIN_PREFIXES):
+    if key in PLUGIN_KEYS:
+        return True
+    if key in host_keys:
+        return False
+    if key.lower().startswith(_PLUGIN_PREFIXES):
         return True
     return bool(difflib.get_close_matches(key, PLUGIN_KEYS, n=1, cutoff=0.75))
 
 
-def split_plugin_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_plugin_keys(
+    raw: Mapping[str, Any], host_keys: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Splits a dict into (plugin keys and near-misses of them, everything else).
 
     Keys are normalised like vLLM normalises speculative-config keys (``-`` becomes ``_``).
@@ -144,7 +168,7 @@ def split_plugin_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     rest: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_") if isinstance(key, str) else key
-        if isinstance(name, str) and looks_like_plugin_key(name):
+        if isinstance(name, str) and looks_like_plugin_key(name, host_keys):
             ours[name] = value
         else:
             rest[key] = value

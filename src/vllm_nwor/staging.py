@@ -364,6 +364,8 @@ class NworInterceptor:
         self._tokens_staged = 0
         self._committed = torch.zeros((), dtype=torch.int64, device=buffer.key.device)
         self._fallbacks: Counter[str] = Counter()
+        # NVTX ranges "nwor.stage" / "nwor.commit" for Nsight Systems; no-ops without a profiler.
+        self._nvtx = buffer.key.device.type == "cuda"
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -400,6 +402,21 @@ class NworInterceptor:
         slot_mapping: torch.Tensor,
     ) -> None:
         """Takes layer ``layer_idx``'s KV write: draft rows are staged, the rest written."""
+        if not self._nvtx:
+            return self._stage_or_fall_back(layer_idx, key, value, slot_mapping)
+        torch.cuda.nvtx.range_push("nwor.stage")
+        try:
+            self._stage_or_fall_back(layer_idx, key, value, slot_mapping)
+        finally:
+            torch.cuda.nvtx.range_pop()
+
+    def _stage_or_fall_back(
+        self,
+        layer_idx: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         if self._step is None:
             raise RuntimeError("NworInterceptor.stage() called outside a verify step")
         if self._failed:
@@ -428,6 +445,15 @@ class NworInterceptor:
         ``accepted`` is a bool tensor over the step's staged tokens
         (see :meth:`VerifyStep.accepted_mask`).
         """
+        if not self._nvtx:
+            return self._commit(accepted)
+        torch.cuda.nvtx.range_push("nwor.commit")
+        try:
+            self._commit(accepted)
+        finally:
+            torch.cuda.nvtx.range_pop()
+
+    def _commit(self, accepted: torch.Tensor) -> None:
         step, self._step = self._step, None
         if step is None or self._failed:
             return

@@ -10,6 +10,8 @@ No machine here can reach a model hub.
   decoding loop within a few tokens and almost never reject a draft). The draft model is the
   target's first layers with the target's embeddings and head, plus optional noise, so it agrees
   with the target sometimes and not at other times: drafts are accepted and rejected.
+- ``held_out_prompt_ids`` and ``long_run_pair`` set the pair up for generations far past its 256
+  trained positions (docs/draft_window.md).
 - ``SpecStepRecorder`` records each request's chunk sizes and acceptance lengths from an
   in-process engine's scheduler.
 """
@@ -104,6 +106,58 @@ def write_tiny_llama_pair(
     (draft_dir / "config.json").write_text(json.dumps(draft_config, indent=2))
     return str(target_dir), str(draft_dir)
 
+
+def held_out_prompt_ids(count: int, size: int = 128) -> list[list[int]]:
+    """Byte-token prompts of ``size`` bytes from ``count`` of the pair's held-out files.
+
+    The held-out files are those ``scripts/train_pair.py`` keeps out of training (SHA-256 of the
+    path relative to the standard library, 0 mod 10); each prompt starts 40% into its file.
+    """
+    import hashlib
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if {"site-packages", "test", "tests"} & set(rel.parts[:-1]):
+            continue
+        if int.from_bytes(hashlib.sha256(rel.as_posix().encode()).digest()[:8], "big") % 10:
+            continue
+        data = path.read_bytes()
+        if len(data) >= 4 * size:
+            start = int(0.4 * len(data))
+            prompts.append(list(data[start : start + size]))
+        if len(prompts) == count:
+            return prompts
+    raise FileNotFoundError(f"fewer than {count} held-out files of {4 * size} bytes in {root}")
+
+
+def long_run_pair(root: str | Path, window: int = 256) -> tuple[str, str, str]:
+    """The shipped pair set up for generations far longer than its 256 trained positions.
+
+    Returns (target, draft, draft_full): the target with a ``window``-token sliding window on
+    every layer and 4,096 positions, so it stays within what it was trained on however long it
+    runs; the draft as shipped (256 positions); and the draft told it has 4,096 positions, so
+    vLLM drafts with it over the whole sequence.
+    """
+    target, draft = shipped_pair()
+    root = Path(root)
+
+    def copy(source: str, name: str, **config_changes) -> str:
+        out = root / name
+        out.mkdir(parents=True, exist_ok=True)
+        for item in Path(source).iterdir():
+            (out / item.name).write_bytes(item.read_bytes())
+        config = json.loads((out / "config.json").read_text())
+        config.update(config_changes)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        return str(out)
+
+    layers = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
+    long_target = copy(target, "target-sliding", max_position_embeddings=4096,
+                       sliding_window=window, layer_types=["sliding_attention"] * layers)
+    return long_target, draft, copy(draft, "draft-4096", max_position_embeddings=4096)
 
 @dataclass
 class RequestSteps:

@@ -36,6 +36,10 @@ def main(target: str) -> None:
             "additional_config": runner.vllm_config.additional_config,
             "interceptor": repr(getattr(runner, "_nwor_interceptor", "absent")),
             "patches_applied": sum(p.is_applied() for p in all_patches()),
+            "output_types": sorted({type(c).__name__ for o in outputs for c in o.outputs}),
+            "plugin_metrics": sorted(
+                {m.name for m in llm.get_metrics() if m.name.startswith(("vllm:nwor", "vllm:scv"))}
+            ),
         }
     print("SUMMARY " + json.dumps(summary))
 

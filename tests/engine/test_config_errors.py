@@ -16,6 +16,7 @@ from vllm_nwor import NworConfigError
         ({}, {"nwor": 1}, ["additional_config", "'nwor'", "1", "true or false"]),
         ({}, {"nwor_mode": "on"}, ["additional_config", "'nwor_mode'", "'on'", "nwor"]),
         ({"nwor": True}, {"nwor": False}, ["set twice", "True", "False"]),
+        ({"nwor_telemetry": "yes"}, None, ["'nwor_telemetry'", "'yes'", "true, false or null"]),
     ],
 )
 def test_bad_keys_and_values_fail_with_key_value_and_allowed(
@@ -31,11 +32,41 @@ def test_bad_keys_and_values_fail_with_key_value_and_allowed(
         assert fragment in str(err.value)
 
 
+def test_every_vllm_speculative_key_is_left_to_vllm():
+    """No key of vLLM's SpeculativeConfig is taken for a misspelling of the plugin's keys."""
+    import dataclasses
+
+    from vllm.config import SpeculativeConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_nwor.patches.engine_args import take_plugin_keys
+
+    vllm_keys = {f.name: object() for f in dataclasses.fields(SpeculativeConfig)}
+    args = EngineArgs(model="unused", speculative_config={**vllm_keys, "nwor": True})
+    take_plugin_keys(args)
+    assert args.speculative_config == vllm_keys
+    assert args.additional_config["nwor"] is True
+
+
 def test_nwor_without_speculative_decoding_is_refused(tiny_models):
     target, _ = tiny_models
     with pytest.raises(NworConfigError, match="needs speculative decoding"), engine(
         target, None, additional_config={"nwor": True}
     ):
+        pass
+
+
+def test_telemetry_without_speculative_decoding_is_refused(tiny_models):
+    target, _ = tiny_models
+    with pytest.raises(NworConfigError, match="'nwor_telemetry': True needs speculative"), engine(
+        target, None, additional_config={"nwor_telemetry": True}
+    ):
+        pass
+
+
+def test_telemetry_switched_off_needs_nothing(tiny_models):
+    target, _ = tiny_models
+    with engine(target, None, additional_config={"nwor_telemetry": False}):
         pass
 
 

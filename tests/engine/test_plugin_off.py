@@ -52,5 +52,10 @@ def test_the_plugin_was_loaded_in_one_process_and_not_the_other(summaries):
 def test_installed_but_not_enabled_changes_nothing(summaries):
     with_plugin, without = summaries[True], summaries[False]
     assert with_plugin["spec_stats"][0] > 0, "the workload must speculate"
-    for key in ("tokens", "logprobs", "spec_stats", "config_hash", "additional_config"):
+    for key in ("tokens", "logprobs", "spec_stats", "config_hash", "additional_config",
+                "output_types", "plugin_metrics"):
         assert with_plugin[key] == without[key], key
+    # Telemetry follows the plugin's other keys: off here, so vLLM's own output type and no
+    # plugin metrics.
+    assert with_plugin["output_types"] == ["CompletionOutput"]
+    assert with_plugin["plugin_metrics"] == []

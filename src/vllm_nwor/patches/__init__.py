@@ -21,6 +21,26 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 14. ``Scheduler.update_draft_token_ids``: per-request chunk cut of new drafts.
 15. ``Scheduler.update_from_output``: feed the policy chunks, verdicts and step times.
 16. ``DraftModelProposer._get_model``: window the draft model's attention (draft context window).
+
+Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
+
+17. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
+18. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
+19. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
+20. ``LLMEngine.__init__``, 21. ``AsyncLLM.__init__``: one front-end telemetry object per engine
+    (the AsyncLLM one also applies the OpenAI-server patches below).
+22. ``InprocClient.get_output``, 23. ``SyncMPClient.get_output``,
+    24. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
+25. ``OutputProcessor.add_request``: every request starts with empty metrics.
+26. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
+27. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
+28. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
+
+Applied with the first ``AsyncLLM`` (the API server), not at registration (``openai_serving.py``):
+
+- ``OpenAIServingCompletion.request_output_to_completion_response`` and
+  ``.completion_stream_generator``, ``OpenAIServingChat.chat_completion_full_generator`` and
+  ``.chat_completion_stream_generator``: the fields in responses.
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ from vllm_nwor.patches._patch import Patch
 
 
 def all_patches() -> list[Patch]:
+    """The patches applied when the plugin registers, in every process."""
     from vllm_nwor.patches import (
         cpu_attn,
         draft_window,
@@ -36,6 +57,8 @@ def all_patches() -> list[Patch]:
         flash_attn,
         model_runner,
         scheduler,
+        telemetry_engine,
+        telemetry_frontend,
         worker,
     )
 
@@ -47,9 +70,23 @@ def all_patches() -> list[Patch]:
         *worker.PATCHES,
         *scheduler.PATCHES,
         *draft_window.PATCHES,
+        *telemetry_engine.PATCHES,
+        *telemetry_frontend.PATCHES,
     ]
+
+
+def serving_patches() -> list[Patch]:
+    """The OpenAI-server patches (applied by :func:`apply_serving`)."""
+    from vllm_nwor.patches import openai_serving
+
+    return list(openai_serving.PATCHES)
 
 
 def apply_all() -> int:
     """Applies every patch; returns how many were newly installed (0 when already applied)."""
     return sum(patch.apply() for patch in all_patches())
+
+
+def apply_serving() -> int:
+    """Applies the OpenAI-server patches (idempotent), from the process that serves them."""
+    return sum(patch.apply() for patch in serving_patches())

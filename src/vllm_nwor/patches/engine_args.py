@@ -6,10 +6,12 @@ server), before any engine process starts, so a bad key or an unsupported setup 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from vllm.engine.arg_utils import EngineArgs
 
+from vllm_nwor._logging import get_logger
 from vllm_nwor.config import (
     NworConfig,
     NworConfigError,
@@ -19,6 +21,15 @@ from vllm_nwor.config import (
 )
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.draft_window import lift_draft_limits
+
+logger = get_logger(__name__)
+
+
+def _speculative_config_keys() -> frozenset[str]:
+    """vLLM's own ``SpeculativeConfig`` fields: never claimed as near-misses of ours."""
+    from vllm.config import SpeculativeConfig
+
+    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig))
 
 
 def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
@@ -30,7 +41,7 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
     additional: Any = engine_args.additional_config
     from_speculative: dict[str, Any] = {}
     if isinstance(speculative, dict):
-        from_speculative, rest = split_plugin_keys(speculative)
+        from_speculative, rest = split_plugin_keys(speculative, _speculative_config_keys())
         if from_speculative:
             engine_args.speculative_config = rest or None
     if additional is None:
@@ -58,6 +69,8 @@ def check_engine_config(vllm_config: Any) -> None:
     config = config_from_additional(vllm_config.additional_config)
     defaults = NworConfig().to_dict()
     given = {k: v for k, v in config.to_dict().items() if v != defaults[k]}
+    if given.get("nwor_telemetry") is False:  # switches nothing on
+        del given["nwor_telemetry"]
     if not given:
         return
     features = ", ".join(f"'{key}': {value!r}" for key, value in given.items())
@@ -73,9 +86,11 @@ def check_engine_config(vllm_config: Any) -> None:
             f"{features} needs speculative decoding; set a 'method' (for example "
             "\"ngram\" or \"draft_model\") and 'num_speculative_tokens' in --speculative-config"
         )
-    if vllm_config.use_v2_model_runner:
+    # Telemetry reads the scheduler's numbers, not the model runner's: either runner will do.
+    runner_features = ", ".join(f"'{k}': {v!r}" for k, v in given.items() if k != "nwor_telemetry")
+    if vllm_config.use_v2_model_runner and runner_features:
         raise NworConfigError(
-            f"{features} needs vLLM's V1 model runner, but speculative method "
+            f"{runner_features} needs vLLM's V1 model runner, but speculative method "
             f"{speculative.method!r} runs on the V2 runner here; set "
             "VLLM_USE_V2_MODEL_RUNNER=0 (supported methods: ngram, draft_model)"
         )
@@ -108,11 +123,32 @@ def check_engine_config(vllm_config: Any) -> None:
         )
 
 
+def log_activation(vllm_config: Any) -> None:
+    """The plugin's one INFO line, when a config switches a feature on."""
+    config = config_from_additional(vllm_config.additional_config)
+    if not config.enabled:
+        return
+    import vllm
+
+    import vllm_nwor
+    from vllm_nwor.patches import all_patches
+
+    window = config.draft_context_window
+    logger.info(
+        "vllm-nwor %s on vLLM %s: nwor %s, scv %s, draft context window %s, telemetry %s "
+        "(%d patches)",
+        vllm_nwor.__version__, vllm.__version__, "on" if config.nwor else "off", config.scv,
+        "off" if window is None else window, "on" if config.telemetry else "off",
+        len(all_patches()),
+    )
+
+
 def _wrap_create_engine_config(create_engine_config):
     def wrapper(self, *args, **kwargs):
         take_plugin_keys(self)
         vllm_config = create_engine_config(self, *args, **kwargs)
         check_engine_config(vllm_config)
+        log_activation(vllm_config)
         return vllm_config
 
     return wrapper

@@ -12,6 +12,10 @@ the drafter's KV in sync but proposes nothing). SCV uses exactly these two lever
 - after each step's verdicts (``update_from_output``), the policy observes every request's chunk
   and accepted prefix, and the step's duration.
 
+With telemetry on, each step's requests that run at chunk 0 (the plan they were scheduled under
+gave them no drafts) are counted for the ``vllm:scv_*`` metrics; the steps with drafts are
+counted by the telemetry's own scheduler patch (``telemetry_engine.py``), with vLLM's counts.
+
 Greedy outputs are unchanged: verifying fewer drafts never changes which tokens are emitted.
 """
 
@@ -25,6 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.telemetry_engine import telemetry_of
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk
 
 logger = get_logger(__name__)
@@ -65,6 +70,7 @@ def _wrap_update_after_schedule(update_after_schedule):
         policy = _policy(self)
         if policy is None:
             return
+        _count_chunk_zero(self, policy, scheduler_output)
         # Requests past their prompt after this step get drafts at its end: plan their chunks.
         policy.plan([r for r in scheduler_output.num_scheduled_tokens
                      if not self.requests[r].is_prefill_chunk])
@@ -72,6 +78,21 @@ def _wrap_update_after_schedule(update_after_schedule):
         self._nwor_scheduled_at[id(scheduler_output)] = time.perf_counter()
 
     return wrapper
+
+
+def _count_chunk_zero(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output) -> None:
+    """Telemetry: the requests of this step that run at chunk 0.
+
+    Their drafts were cut by the plan of the previous step, still the current one here: a
+    request planned at 0 and scheduled now decodes without drafts.
+    """
+    telemetry = telemetry_of(scheduler)
+    if telemetry is None:
+        return
+    plan = policy.current_plan()
+    telemetry.observe_chunk_zero(
+        sum(1 for req_id in scheduler_output.num_scheduled_tokens if plan.get(req_id) == 0)
+    )
 
 
 def _wrap_async_update_after_schedule(update_after_schedule):

@@ -1,0 +1,217 @@
+"""Engine-core patches for telemetry: the scheduler's exact accepted counts, sent with each step.
+
+vLLM 0.26 computes each request's accepted drafts in ``Scheduler.update_from_output`` and hands
+them, per request, to ``Scheduler.make_spec_decoding_stats`` (which feeds its batch-wide
+spec-decode counters). The plugin records the same numbers there, and after the step attaches
+them to the outputs the engine core sends to its front ends.
+
+Carriers. ``EngineCoreOutputs`` and ``SchedulerStats`` have fixed fields, so the plugin sends
+subclasses that add one trailing field each, and only when telemetry is on and there is
+something to send:
+
+- :class:`NworEngineCoreOutputs` adds ``spec_decode_step`` (which requests verified how many
+  drafts, and how many were accepted), for every step with speculative steps;
+- :class:`NworSchedulerStats` adds ``nwor`` (chunk sizes, NWOR counters) to the stats vLLM sends
+  with every step when log stats are on.
+
+msgspec encodes a subclass instance with its extra trailing field; a front end that decodes
+vLLM's own types ignores it, and the plugin's front end (``telemetry_frontend.py``) decodes the
+subclasses. Nothing rides on a field vLLM or users read (``kv_transfer_params`` and the like),
+and with telemetry off nothing is built, so the bytes on the wire are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.metrics.stats import SchedulerStats
+
+from vllm_nwor._logging import get_logger
+from vllm_nwor.config import config_from_additional
+from vllm_nwor.patches._patch import Patch
+from vllm_nwor.telemetry import SpecDecodeStep, SpecStepStats, SpecTelemetry, combine_rank_counters
+
+logger = get_logger(__name__)
+
+TELEMETRY_ATTR = "_nwor_telemetry"
+"""Set on the scheduler: its :class:`SpecTelemetry`, or None when telemetry is off."""
+
+_UNSET = object()
+
+
+@dataclass
+class NworSchedulerStats(SchedulerStats):
+    """vLLM's per-step scheduler stats, plus the plugin's engine-wide numbers."""
+
+    nwor: SpecStepStats | None = None
+
+    @classmethod
+    def extend(cls, stats: SchedulerStats, nwor: SpecStepStats) -> NworSchedulerStats:
+        if isinstance(stats, cls):
+            stats.nwor = nwor
+            return stats
+        extended = cls.__new__(cls)
+        extended.__dict__.update(stats.__dict__)
+        extended.nwor = nwor
+        return extended
+
+
+class NworEngineCoreOutputs(
+    EngineCoreOutputs,
+    array_like=True,  # type: ignore[call-arg]
+    omit_defaults=True,  # type: ignore[call-arg]
+    gc=False,
+):  # type: ignore[call-arg]
+    """vLLM's per-step outputs for one front end, plus the step's speculative steps."""
+
+    scheduler_stats: NworSchedulerStats | None = None
+    spec_decode_step: SpecDecodeStep | None = None
+
+
+def telemetry_of(scheduler: Scheduler) -> SpecTelemetry | None:
+    """The scheduler's :class:`SpecTelemetry`, made on first use; None when telemetry is off.
+
+    SCV (``patches/scheduler.py``) reports its chunk-0 steps through it::
+
+        if (telemetry := telemetry_of(scheduler)) is not None:
+            telemetry.observe_chunk_zero(num_requests)
+    """
+    telemetry = scheduler.__dict__.get(TELEMETRY_ATTR, _UNSET)
+    if telemetry is _UNSET:
+        telemetry = _new_telemetry(scheduler)
+        scheduler.__dict__[TELEMETRY_ATTR] = telemetry
+    return telemetry  # type: ignore[return-value]
+
+
+def _new_telemetry(scheduler: Scheduler) -> SpecTelemetry | None:
+    vllm_config = scheduler.vllm_config
+    config = config_from_additional(vllm_config.additional_config)
+    if not config.telemetry or vllm_config.speculative_config is None:
+        return None
+    return SpecTelemetry(
+        scheduler.num_spec_tokens,
+        collect_stats=scheduler.log_stats,
+        wants_nwor_counters=config.nwor,
+    )
+
+
+def _wrap_make_spec_decoding_stats(make_spec_decoding_stats):
+    def wrapper(
+        self,
+        spec_decoding_stats,
+        num_draft_tokens,
+        num_accepted_tokens,
+        num_invalid_spec_tokens,
+        request_id,
+    ):
+        stats = make_spec_decoding_stats(
+            self,
+            spec_decoding_stats,
+            num_draft_tokens=num_draft_tokens,
+            num_accepted_tokens=num_accepted_tokens,
+            num_invalid_spec_tokens=num_invalid_spec_tokens,
+            request_id=request_id,
+        )
+        telemetry = telemetry_of(self)
+        if telemetry is not None and num_draft_tokens:
+            invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
+            client_index = 0
+            if self.finished_req_ids_dict is not None:  # more than one front end
+                request = self.requests.get(request_id)
+                client_index = request.client_index if request is not None else 0
+            telemetry.observe_verify(
+                request_id,
+                num_draft_tokens - invalid,
+                num_accepted_tokens,
+                num_scheduled_drafts=num_draft_tokens,
+                client_index=client_index,
+            )
+        return stats
+
+    return wrapper
+
+
+def attach_step(engine_core: EngineCore, outputs: dict[int, EngineCoreOutputs]) -> None:
+    """Puts the step's telemetry on the outputs the engine core is about to send."""
+    telemetry = telemetry_of(engine_core.scheduler)
+    if telemetry is None:
+        return
+    for client_index, step in telemetry.take_step().items():
+        eco = outputs.get(client_index)
+        if eco is None:  # a verified request always has an output; nothing to attach to
+            continue
+        outputs[client_index] = NworEngineCoreOutputs(
+            **msgspec.structs.asdict(eco), spec_decode_step=step
+        )
+    if not telemetry.collect_stats:
+        return
+    if telemetry.wants_nwor_counters and telemetry.read_nwor_counters is None:
+        telemetry.read_nwor_counters = _nwor_counter_reader(engine_core, telemetry)
+    # Unfinished, not has_requests(): that also counts requests finished this step whose ids
+    # the workers have not been told yet, which would put the last read one step later, on a
+    # step without outputs (LLMEngine records no stats for those).
+    unfinished = engine_core.scheduler.get_num_unfinished_requests() > 0
+    stats = telemetry.take_stats(unfinished_requests=unfinished)
+    if stats is None:
+        return
+    for eco in outputs.values():
+        if eco.scheduler_stats is not None:
+            eco.scheduler_stats = NworSchedulerStats.extend(eco.scheduler_stats, stats)
+            return
+
+
+def _nwor_counter_reader(engine_core: EngineCore, telemetry: SpecTelemetry):
+    """Reads the workers' NWOR counters (``WorkerBase.nwor_counters``) through the executor."""
+    executor_ref = weakref.ref(engine_core.model_executor)
+
+    def read() -> dict[str, Any] | None:
+        executor = executor_ref()
+        if executor is None:
+            return None
+        try:
+            return combine_rank_counters(executor.collective_rpc("nwor_counters"))
+        except Exception:
+            logger.warning(
+                "vllm-nwor: reading NWOR counters from the workers failed; NWOR metrics stop "
+                "here", exc_info=True,
+            )
+            telemetry.wants_nwor_counters = False
+            telemetry.read_nwor_counters = None
+            return None
+
+    return read
+
+
+def _wrap_attach_iteration_details(attach_iteration_details):
+    def wrapper(self, outputs, iteration_details):
+        attach_iteration_details(self, outputs, iteration_details)
+        attach_step(self, outputs)
+
+    return wrapper
+
+
+PATCHES = [
+    Patch(
+        Scheduler,
+        "make_spec_decoding_stats",
+        _wrap_make_spec_decoding_stats,
+        why="Its caller, update_from_output, passes each verified request's exact draft and "
+        "accepted counts; record them per request. Retired by upstream's "
+        "--per-request-spec-decode-metrics (vLLM 0.33, scheduler observes "
+        "RequestSpecDecodeMetrics).",
+    ),
+    Patch(
+        EngineCore,
+        "_attach_iteration_details",
+        _wrap_attach_iteration_details,
+        why="Called right after update_from_output in both step() and step_with_batch_queue(), "
+        "with the outputs about to be sent: attach the step's acceptance counts and stats. "
+        "Retired by EngineCoreOutput.spec_decode_metrics (vLLM 0.33).",
+    ),
+]

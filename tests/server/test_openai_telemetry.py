@@ -1,0 +1,293 @@
+"""Acceptance lengths through a real ``vllm serve``, against /metrics and vLLM's own counters.
+
+Two servers run the same traffic with the ``openai`` client: one with NWOR on (telemetry follows
+it by default), one with the plugin installed but not enabled. Completions and chat, plain and
+streamed, greedy, and n=2 with sampling. Every request is bracketed by /metrics scrapes, so each
+request's acceptance lengths are checked against what vLLM's spec-decode counters and the
+plugin's counters moved by for that request alone. A third server, adaptive SCV alone, runs the
+same traffic afterwards: its chunk-size metrics request by request, and greedy output unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.engine
+
+OURS = ("acceptance_lengths", "speculative_decoding")
+GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
+SAMPLED = {"temperature": 0.8, "n": 2, "extra_body": {"ignore_eos": True}}
+PROMPTS = ["a b c a b c a b c a b c", "one two one two one two one"]
+MESSAGES = [{"role": "user", "content": "x y z x y z x y z x y z"}]
+REQUEST_TIMEOUT_S = 120
+# K and V of one token in all target layers: 3 layers x 2 x 2 KV heads x 32 x 4 bytes (fp32).
+KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 32 * 4
+
+
+def scrape(server) -> dict[tuple, float]:
+    """/metrics as {(sample name, labels other than model_name and engine): value}."""
+    values = {}
+    for family in text_string_to_metric_families(server.metrics_text()):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                  if k not in ("model_name", "engine")))
+            values[(sample.name, labels)] = sample.value
+    return values
+
+
+def settled_scrape(server, timeout_s: float = 10.0) -> dict[tuple, float]:
+    """A scrape that two reads in a row agree on (stats are recorded as outputs are sent)."""
+    deadline = time.monotonic() + timeout_s
+    last = scrape(server)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        current = scrape(server)
+        if current == last:
+            return current
+        last = current
+    raise TimeoutError("/metrics kept changing with no traffic")
+
+
+def delta(before: dict, after: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def requests(client: openai.OpenAI, model: str) -> dict[str, Any]:
+    """The traffic: name -> a callable returning the response or the list of chunks."""
+    kw = {"model": model, "max_tokens": 20, "timeout": REQUEST_TIMEOUT_S}
+    stream = {"stream": True}
+    return {
+        "completion": lambda: client.completions.create(prompt=PROMPTS, **kw, **GREEDY),
+        "chat": lambda: client.chat.completions.create(messages=MESSAGES, **kw, **GREEDY),
+        "completion_stream": lambda: list(client.completions.create(
+            prompt=PROMPTS[0], stream_options={"include_usage": True}, **stream, **kw, **GREEDY)),
+        "chat_stream": lambda: list(client.chat.completions.create(
+            messages=MESSAGES, **stream, **kw, **GREEDY)),
+        "completion_n2": lambda: client.completions.create(prompt=PROMPTS[0], **kw, **SAMPLED),
+        "chat_n2_stream": lambda: list(client.chat.completions.create(
+            messages=MESSAGES, **stream, **kw, **SAMPLED)),
+    }
+
+
+def run_traffic(server) -> dict[str, dict]:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    results = {}
+    before = settled_scrape(server)
+    for name, call in requests(client, server.model).items():
+        response = call()
+        after = settled_scrape(server)
+        results[name] = {"response": response, "before": before, "after": after}
+        before = after
+    return results
+
+
+@pytest.fixture(scope="module")
+def traffic(telemetry_servers):
+    """The same traffic on both servers, at the same time (each server's requests in order)."""
+    with ThreadPoolExecutor(2) as pool:
+        return tuple(pool.map(run_traffic, telemetry_servers))
+
+
+def final_choices(response) -> list[tuple[int, dict]]:
+    """(choice index, the choice's extra fields) of each choice's final response or chunk."""
+    if isinstance(response, list):
+        return [(c.index, c.model_extra) for chunk in response for c in chunk.choices
+                if c.finish_reason is not None]
+    return [(c.index, c.model_extra) for c in response.choices]
+
+
+def as_json(response) -> Any:
+    if isinstance(response, list):
+        return [json.loads(chunk.model_dump_json()) for chunk in response]
+    return json.loads(response.model_dump_json())
+
+
+def keys_anywhere(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set(value).union(*(keys_anywhere(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(keys_anywhere(v) for v in value))
+    return set()
+
+
+def without(value: Any, drop: tuple[str, ...]) -> Any:
+    if isinstance(value, dict):
+        return {k: without(v, drop) for k, v in value.items() if k not in drop}
+    if isinstance(value, list):
+        return [without(v, drop) for v in value]
+    return value
+
+
+def test_each_choice_carries_acceptance_lengths_and_summary(traffic):
+    on, _ = traffic
+    for name, result in on.items():
+        choices = final_choices(result["response"])
+        assert choices, name
+        for index, extra in choices:
+            lengths, summary = extra["acceptance_lengths"], extra["speculative_decoding"]
+            assert len(lengths) == summary["num_spec_steps"], (name, index)
+            assert sum(lengths) == summary["num_accepted_draft_tokens"], (name, index)
+            assert all(0 <= a <= 3 for a in lengths), (name, index)
+            assert summary["acceptance_histogram"] == [lengths.count(j) for j in range(4)]
+            assert summary["num_spec_tokens"] == 3
+            steps = summary["num_spec_steps"]
+            assert summary["mean_acceptance_length"] == pytest.approx(
+                1 + sum(lengths) / steps if steps else 1.0)
+
+
+def test_top_level_fields_are_choice_0s_for_the_openai_sdk(traffic):
+    on, _ = traffic
+    for name in ("completion", "chat", "completion_n2"):
+        response = on[name]["response"]
+        choice0 = next(c for c in response.choices if c.index == 0)
+        for field in OURS:
+            assert response.model_extra[field] == choice0.model_extra[field], (name, field)
+    for name in ("completion_stream", "chat_stream", "chat_n2_stream"):
+        chunks = on[name]["response"]
+        final0 = next(c for c in chunks if c.choices and c.choices[0].index == 0
+                      and c.choices[0].finish_reason is not None)
+        assert final0.model_extra["acceptance_lengths"] == \
+            final0.choices[0].model_extra["acceptance_lengths"], name
+
+
+def test_streams_carry_the_fields_on_each_choices_final_chunk_only(traffic):
+    on, _ = traffic
+    for name in ("completion_stream", "chat_stream", "chat_n2_stream"):
+        chunks = on[name]["response"]
+        for chunk in chunks:
+            for choice in chunk.choices:
+                final = choice.finish_reason is not None
+                assert ("acceptance_lengths" in choice.model_extra) == final, name
+            top = "acceptance_lengths" in chunk.model_extra
+            final0 = any(c.index == 0 and c.finish_reason is not None for c in chunk.choices)
+            usage_chunk = not chunk.choices and chunk.usage is not None
+            assert top == (final0 or usage_chunk), name
+    usage = on["completion_stream"]["response"][-1]
+    assert not usage.choices and usage.usage is not None
+    final = next(c for c in on["completion_stream"]["response"] if c.choices
+                 and c.choices[0].finish_reason is not None)
+    assert usage.model_extra["speculative_decoding"] == final.model_extra["speculative_decoding"]
+
+
+def test_each_request_agrees_with_vllm_counters_and_plugin_metrics(traffic):
+    on, _ = traffic
+    totals = {"steps": 0, "accepted": 0}
+    for name, result in on.items():
+        before, after = result["before"], result["after"]
+        extras = [extra for _, extra in final_choices(result["response"])]
+        steps = sum(len(e["acceptance_lengths"]) for e in extras)
+        accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
+        drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
+        means = [e["speculative_decoding"]["mean_acceptance_length"] for e in extras
+                 if e["acceptance_lengths"]]
+
+        def d(metric: str, before=before, after=after) -> float:
+            return delta(before, after, metric)
+
+        # vLLM's own spec-decode counters, for this request alone.
+        assert d("vllm:spec_decode_num_drafts_total") == steps, name
+        assert d("vllm:spec_decode_num_draft_tokens_total") == drafted, name
+        assert d("vllm:spec_decode_num_accepted_tokens_total") == accepted, name
+        # The plugin's NWOR counters (no step fell back).
+        assert d("vllm:nwor_tokens_staged_total") == drafted, name
+        assert d("vllm:nwor_tokens_committed_total") == accepted, name
+        assert d("vllm:nwor_tokens_rejected_total") == drafted - accepted, name
+        assert d("vllm:nwor_kv_bytes_not_written_total") == \
+            (drafted - accepted) * KV_BYTES_PER_TOKEN, name
+        assert not any(k[0] == "vllm:nwor_fallbacks_total" and after[k] for k in after), name
+        # Chunk sizes (no SCV: the scheduled drafts) and the per-request histogram.
+        assert d("vllm:scv_chunk_size_count") == steps, name
+        assert d("vllm:scv_chunk_size_sum") == drafted, name
+        assert d("vllm:scv_chunk_zero_steps_total") == 0, name
+        assert d("vllm:nwor_request_mean_acceptance_length_count") == len(means), name
+        assert d("vllm:nwor_request_mean_acceptance_length_sum") == pytest.approx(sum(means))
+        totals["steps"] += steps
+        totals["accepted"] += accepted
+    # The workload must speculate, and accept and reject drafts, or the checks above are empty.
+    assert totals["steps"] > 10 and totals["accepted"] > 0
+
+
+def test_plugin_off_server_has_none_of_the_fields_and_nothing_else_changes(traffic):
+    on, off = traffic
+    for name in on:
+        off_json, on_json = as_json(off[name]["response"]), as_json(on[name]["response"])
+        assert not keys_anywhere(off_json) & set(OURS), name
+        volatile = ("id", "created", "system_fingerprint")
+        if name.endswith(("_n2", "_n2_stream")):  # sampled: compare the shape only
+            assert keys_anywhere(without(on_json, OURS)) == keys_anywhere(off_json), name
+        else:
+            assert without(on_json, OURS + volatile) == without(off_json, volatile), name
+    metrics_off = off["chat"]["after"]
+    assert not [k for k in metrics_off if k[0].startswith(("vllm:nwor_", "vllm:scv_"))]
+    for name in ("completion", "chat", "completion_stream", "chat_stream"):
+        for counter in ("vllm:spec_decode_num_drafts_total",
+                        "vllm:spec_decode_num_accepted_tokens_total"):
+            assert delta(off[name]["before"], off[name]["after"], counter) == \
+                delta(on[name]["before"], on[name]["after"], counter), (name, counter)
+
+
+@pytest.fixture(scope="module")
+def scv_traffic(scv_server):
+    return run_traffic(scv_server)
+
+
+def test_scv_chunk_metrics_agree_with_acceptance_lengths_request_by_request(scv_traffic):
+    totals = {"steps": 0, "zero": 0}
+    for name, result in scv_traffic.items():
+        before, after = result["before"], result["after"]
+        extras = [extra for _, extra in final_choices(result["response"])]
+        steps = sum(len(e["acceptance_lengths"]) for e in extras)
+        accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
+        drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
+
+        def d(metric: str, before=before, after=after, **labels) -> float:
+            return delta(before, after, metric, **labels)
+
+        # Steps SCV gave chunk 0 are no speculative steps: vLLM's counters and the lists agree.
+        assert d("vllm:spec_decode_num_drafts_total") == steps, name
+        assert d("vllm:spec_decode_num_draft_tokens_total") == drafted, name
+        assert d("vllm:spec_decode_num_accepted_tokens_total") == accepted, name
+        # The histogram has one observation per speculative step plus one 0 per chunk-0 step.
+        zero = d("vllm:scv_chunk_zero_steps_total")
+        assert d("vllm:scv_chunk_size_count") == steps + zero, name
+        assert d("vllm:scv_chunk_size_bucket", le="0.0") == zero, name
+        assert d("vllm:scv_chunk_size_sum") == drafted, name
+        assert d("vllm:nwor_tokens_staged_total") == 0, name  # NWOR is off here
+        totals["steps"] += steps
+        totals["zero"] += zero
+    # SCV's warm-up explores chunk 0 from a fixed seed: the workload must hit both kinds.
+    assert totals["steps"] > 10 and totals["zero"] > 0, totals
+
+
+def streamed_text(chunks) -> dict[int, str]:
+    """Each choice's text (or chat content), joined over a stream's chunks."""
+    text: dict[int, str] = collections.defaultdict(str)
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta_ = getattr(choice, "delta", None)
+            text[choice.index] += (delta_.content or "") if delta_ else choice.text
+    return dict(text)
+
+
+def test_scv_server_changes_no_greedy_response(scv_traffic, traffic):
+    _, off = traffic
+    volatile = ("id", "created", "system_fingerprint")
+    for name in ("completion", "chat"):
+        scv_json, off_json = as_json(scv_traffic[name]["response"]), as_json(off[name]["response"])
+        assert without(scv_json, OURS + volatile) == without(off_json, volatile), name
+        assert keys_anywhere(scv_json) & set(OURS), name  # telemetry follows scv
+    # Streams are cut per engine step, and SCV changes how many tokens a step emits: compare
+    # what they add up to.
+    for name in ("completion_stream", "chat_stream"):
+        scv_chunks, off_chunks = scv_traffic[name]["response"], off[name]["response"]
+        assert streamed_text(scv_chunks) == streamed_text(off_chunks), name
+        assert any("acceptance_lengths" in c.model_extra for c in scv_chunks), name
