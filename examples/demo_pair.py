@@ -20,9 +20,11 @@ registry. The first pass over the prompts warms the engine up (SCV explores chun
 first 32 steps to fit its step-cost model) and gives the text; the passes after it are timed.
 Per-request numbers are those of the last timed pass.
 
-Per-request acceptance lengths come from the in-process scheduler
-(``vllm_nwor.testing.SpecStepRecorder``): vLLM's own per-request counts, the ones it adds to
-``vllm:spec_decode_num_accepted_tokens``; the demo checks that they add up to it.
+Per-request acceptance lengths: with a plugin feature on, each output's
+``acceptance_lengths`` (the plugin's telemetry); with the plugin off, the in-process scheduler's
+counts (``vllm_nwor.testing.SpecStepRecorder``), the ones vLLM adds to
+``vllm:spec_decode_num_accepted_tokens``. The demo checks that the two agree request by request
+and that the scheduler's add up to vLLM's stats; chunk sizes come from the scheduler.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class ModeRun:
     requests: list[RequestSteps]
     step_cost: tuple[float, float, float] | None
     """SCV's fitted step cost (fixed, per token, per draft) in seconds; None without SCV."""
+    lengths_from: str
+    """Where the acceptance lengths were read."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -114,12 +118,15 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
             if recorded != (after[0] - before[0], after[1] - before[1]):
                 raise SystemExit(f"{name}: per-request steps {recorded} do not add up to vLLM's "
                                  f"spec-decode stats {after} - {before}")
-            # TODO(telemetry): once CompletionOutput.acceptance_lengths (the telemetry feature)
-            # is on main, read the acceptance lengths from `timed` and drop the recorder's.
-            for output, steps in zip(timed, requests, strict=True):
-                lengths = getattr(output.outputs[0], "acceptance_lengths", None)
+            # With any plugin feature on, telemetry puts each request's acceptance lengths on
+            # its CompletionOutput; with the plugin off only the scheduler has them.
+            fields = [getattr(o.outputs[0], "acceptance_lengths", None) for o in timed]
+            for lengths, steps in zip(fields, requests, strict=True):
                 if lengths is not None and list(lengths) != steps.accepted:
-                    raise SystemExit(f"acceptance_lengths {lengths} != scheduler's {steps}")
+                    raise SystemExit(f"{name}: acceptance_lengths {lengths} != the scheduler's "
+                                     f"{steps.accepted}")
+            source = ("CompletionOutput.acceptance_lengths, = the scheduler's counts"
+                      if all(f is not None for f in fields) else "the scheduler's counts")
         draft_tokens, accepted = spec_decode_totals(llm)
         counters = vllm_nwor.get_counters(llm)
         policy = getattr(llm.llm_engine.engine_core.engine_core.scheduler, POLICY_ATTR, None)
@@ -129,7 +136,8 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
     return ModeRun(name=name, texts=[o.outputs[0].text for o in outputs],
                    tokens=sum(len(o.outputs[0].token_ids) for o in timed),
                    draft_tokens=draft_tokens, accepted=accepted, counters=counters,
-                   seconds=seconds, requests=requests, step_cost=step_cost)
+                   seconds=seconds, requests=requests, step_cost=step_cost,
+                   lengths_from=source)
 
 
 def print_completions(run: ModeRun) -> None:
@@ -169,7 +177,7 @@ def print_requests(runs: list[ModeRun]) -> None:
             continue
         if run is not off and run is not scv:
             continue
-        print(f"\nacceptance lengths, {run.name}:")
+        print(f"\nacceptance lengths, {run.name} ({run.lengths_from}):")
         for i, steps in enumerate(run.requests):
             print(f"  req {i}: {' '.join(map(str, steps.accepted)) or '-'}")
     print(f"\nchunk sizes, {scv.name} (NxM = N for M steps in a row):")

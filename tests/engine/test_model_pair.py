@@ -8,8 +8,8 @@ different from request to request); and SCV must give requests that accept diffe
 chunks.
 
 Per-request chunk sizes and acceptance lengths are vLLM's own scheduler counts
-(``vllm_nwor.testing.SpecStepRecorder``). TODO(telemetry): once ``acceptance_lengths`` (the
-telemetry feature) is on main, check it against these here.
+(``vllm_nwor.testing.SpecStepRecorder``); the plugin's telemetry (``acceptance_lengths`` on each
+output, on whenever a plugin feature is) must report exactly those.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def _run(keys: dict) -> dict:
         probe_steps = recorder.take(probes)
         return dict(
             token_ids=[list(o.outputs[0].token_ids) for o in outputs + probes],
+            lengths=[getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs + probes],
             text=[o.outputs[0].text for o in outputs + probes],
             stats=stats,
             steps=steps,
@@ -139,6 +140,13 @@ def test_recorded_steps_add_up_to_vllm_spec_decode_stats(runs):
         for s in steps:
             chunks = [c for c in s.chunks if c]
             assert all(0 <= a <= c for a, c in zip(s.accepted, chunks, strict=True))
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "off"])
+def test_telemetry_reports_each_requests_acceptance_lengths(runs, mode):
+    run = runs[mode]
+    assert run["lengths"] == [s.accepted for s in run["steps"] + run["probe_steps"]]
+    assert all(lengths is None for lengths in runs["off"]["lengths"])
 
 
 def test_acceptance_differs_from_request_to_request(runs):
