@@ -73,3 +73,15 @@ def target_layers(llm: LLM) -> list:
     from vllm_nwor.patches.model_runner import attention_layers
 
     return attention_layers(runner_of(llm).get_model())
+
+
+def metric_values(llm) -> dict[str, float]:
+    """Counters by name; histograms as name_count / name_sum."""
+    values = {}
+    for metric in llm.get_metrics():
+        if hasattr(metric, "count"):
+            values[f"{metric.name}_count"] = metric.count
+            values[f"{metric.name}_sum"] = metric.sum
+        elif hasattr(metric, "value"):
+            values[metric.name] = metric.value
+    return values

@@ -16,22 +16,10 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # vLLM compiles its CPU random sampler at start-up (about 20 s here); eager computes the same.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from engine_utils import PROMPTS, engine, spec_config  # noqa: E402
+from engine_utils import PROMPTS, engine, metric_values, spec_config  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-
-
-def metric_values(llm) -> dict[str, float]:
-    """Counters by name; histograms as name_count / name_sum."""
-    values = {}
-    for metric in llm.get_metrics():
-        if hasattr(metric, "count"):
-            values[f"{metric.name}_count"] = metric.count
-            values[f"{metric.name}_sum"] = metric.sum
-        elif hasattr(metric, "value"):
-            values[metric.name] = metric.value
-    return values
 
 
 def sequences(request_outputs) -> list[dict]:

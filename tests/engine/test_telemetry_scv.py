@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 
 import pytest
-from engine_utils import PROMPTS, engine, spec_config
+from engine_utils import PROMPTS, engine, metric_values, spec_config
 from vllm import SamplingParams
 
 import vllm_nwor
@@ -43,17 +43,6 @@ def record_steps(llm) -> dict[str, list[tuple[bool, int, int | None]]]:
 
     scheduler.update_from_output = recording
     return steps
-
-
-def metric_values(llm) -> dict[str, float]:
-    values = {}
-    for metric in llm.get_metrics():
-        if hasattr(metric, "count"):
-            values[f"{metric.name}_count"] = metric.count
-            values[f"{metric.name}_sum"] = metric.sum
-        elif hasattr(metric, "value"):
-            values[metric.name] = metric.value
-    return values
 
 
 @pytest.fixture(scope="module")
