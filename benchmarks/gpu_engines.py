@@ -129,5 +129,43 @@ class Engine:
         self.process.join(timeout=120)
 
 
+def rate_for_length(length: float, k: int) -> float:
+    """Per-draft acceptance ``a`` with ``1 + a + ... + a**k == length`` (bisection): the
+    ``synthetic_acceptance_rate`` that gives mean acceptance length ``length`` at k drafts."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if 1 + sum(mid**j for j in range(1, k + 1)) < length:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def start_engines(configs: dict[str, dict]) -> dict[str, Engine]:
+    """Starts one engine per config, one after the other (vLLM sizes its memory from what is
+    free at start-up); stops those already started if one fails."""
+    engines: dict[str, Engine] = {}
+    try:
+        for name, kwargs in configs.items():
+            engines[name] = Engine(name, kwargs)
+    except BaseException:
+        stop_engines(engines)
+        raise
+    return engines
+
+
+def stop_engines(engines: dict[str, Engine]) -> None:
+    for engine in engines.values():
+        engine.stop()
+
+
+def alternate(engines: dict[str, Engine], batch_prompts: list[list[int]], rep: int,
+              extra_args: list | None = None) -> dict[str, dict]:
+    """One batch on every engine, in order on even reps and in reverse on odd ones (A B, B A)."""
+    names = list(engines) if rep % 2 == 0 else list(engines)[::-1]
+    return {name: engines[name].run(batch_prompts, extra_args) for name in names}
+
+
 def tokens_per_second(run: dict) -> float:
     return sum(len(t) for t in run["tokens"]) / run["seconds"]

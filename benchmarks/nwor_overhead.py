@@ -1,9 +1,9 @@
 """NWOR's overhead on the GPU: vLLM with NWOR on against vLLM as it is, in one run, alternating.
 
-For each cell (method, k, L) the driver starts two engine processes on the GPU, one after the
-other: vLLM with its defaults (CUDA graphs FULL_AND_PIECEWISE) and vLLM with ``"nwor": true``
-(which runs verify batches PIECEWISE, see docs/gpu.md). It then sends the same batches to both,
-alternating A B B A, and records per batch size:
+For each (method, k) the driver starts two engine processes on the GPU, one after the other:
+vLLM with its defaults (CUDA graphs FULL_AND_PIECEWISE) and vLLM with ``"nwor": true`` (which
+runs verify batches PIECEWISE, see docs/gpu.md). It then sends the same batches to both,
+alternating A B, B A, and records per cell (L, batch size):
 
 - output throughput (generated tokens / wall time of ``LLM.generate``), on/off ratio;
 - median inter-token latency (per request ``(last - first token) / (tokens - 1)``, median over
@@ -12,10 +12,13 @@ alternating A B B A, and records per batch size:
   every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``);
 - greedy token agreement between the two engines' outputs.
 
-The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``); acceptance comes
-from vLLM's synthetic rejection sampling with mean acceptance length L.
+The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``). Acceptance is
+vLLM's synthetic rejection sampling at full acceptance (``synthetic_acceptance_length = k + 1``)
+thinned per request by the benchmark feature ``synthetic_acceptance_per_request`` to the rate
+that gives mean acceptance length L at k drafts (L = k + 1: no thinning). So one engine pair
+serves every L of a k; ``measured_L`` in each cell is what vLLM's counters saw.
 
-    python benchmarks/nwor_overhead.py --method draft_model --k 4 --L 1.5 3.0 \\
+    python benchmarks/nwor_overhead.py --method draft_model --k 2 4 8 --L 1.5 3.0 k+1 \\
         --batches 1 8 32 128 --jsonl $OUT/cells.jsonl
     python benchmarks/nwor_overhead.py --merge $OUT/cells.jsonl --result <json>
 """
@@ -36,8 +39,11 @@ from common import append_jsonl  # noqa: E402
 from gpu_engines import (  # noqa: E402
     OUTPUT_LEN,
     PROMPT_LEN,
-    Engine,
+    alternate,
     prompts,
+    rate_for_length,
+    start_engines,
+    stop_engines,
     tokens_per_second,
     write_models,
 )
@@ -72,10 +78,11 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int]]
     return same / total, divergences
 
 
-def engine_kwargs(target: str, draft: str, method: str, k: int, L: float, nwor: bool,
+def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
                   max_batch: int) -> dict:
     speculative = {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",
-                   "synthetic_acceptance_length": L}
+                   "synthetic_acceptance_length": k + 1.0,
+                   "synthetic_acceptance_per_request": True}
     if method == "draft_model":
         speculative.update(method="draft_model", model=draft)
     else:
@@ -88,37 +95,39 @@ def engine_kwargs(target: str, draft: str, method: str, k: int, L: float, nwor: 
                 enable_prefix_caching=False, speculative_config=speculative)
 
 
-def run_cell(target, draft, method, k, L, batches, reps) -> dict:
-    max_batch = max(batches)
-    engines: dict[bool, Engine] = {}
+def lengths_for(k: int, lengths: list[str]) -> list[float]:
+    """``--L`` values for this k: numbers, or ``k+1``; duplicates dropped, order kept."""
+    values = [float(k + 1) if x == "k+1" else float(x) for x in lengths]
+    return list(dict.fromkeys(v for v in values if 1.0 <= v <= k + 1))
+
+
+def run_pair(target, draft, method, k, lengths, batches, reps) -> dict:
+    engines = start_engines({
+        name: engine_kwargs(target, draft, method, k, name == "on", max(batches))
+        for name in ("off", "on")})
+    rows = []
     try:
-        for nwor in (False, True):
-            engines[nwor] = Engine("nwor" if nwor else "vllm",
-                                   engine_kwargs(target, draft, method, k, L, nwor, max_batch))
         for engine in engines.values():  # warm-up: JIT compiles, first-call costs
             engine.run(prompts(2, seed=99))
-        rows = []
-        for batch in batches:
-            results = {False: [], True: []}
-            for rep in range(reps):
-                batch_prompts = prompts(batch, seed=1000 * batch + rep)
-                order = (False, True) if rep % 2 == 0 else (True, False)  # A B, then B A
-                runs = {nwor: engines[nwor].run(batch_prompts) for nwor in order}
-                for nwor in (False, True):
-                    runs[nwor]["prompts"] = batch_prompts
-                    results[nwor].append(runs[nwor])
-            rows.append(summarise(method, k, L, batch, results))
-            print(json.dumps({key: v for key, v in rows[-1].items() if key != "runs"}),
-                  flush=True)
-        return {"startup_seconds": {e.name: round(e.startup_seconds, 1)
-                                    for e in engines.values()}, "cells": rows}
+        for L in lengths:
+            for batch in batches:
+                extra = [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * batch
+                results = {"off": [], "on": []}
+                for rep in range(reps):
+                    batch_prompts = prompts(batch, seed=1000 * batch + rep)
+                    for name, run in alternate(engines, batch_prompts, rep, extra).items():
+                        run["prompts"] = batch_prompts
+                        results[name].append(run)
+                rows.append(summarise(method, k, L, batch, results))
+                print(json.dumps(rows[-1]), flush=True)
+        return {"startup_seconds": {n: round(e.startup_seconds, 1) for n, e in engines.items()},
+                "cells": rows}
     finally:
-        for engine in engines.values():
-            engine.stop()
+        stop_engines(engines)
 
 
 def summarise(method, k, L, batch, results) -> dict:
-    off, on = results[False], results[True]
+    off, on = results["off"], results["on"]
     off_tps = statistics.median(tokens_per_second(r) for r in off)
     on_tps = statistics.median(tokens_per_second(r) for r in on)
     off_itl = statistics.median(r["itl_median"] for r in off)
@@ -170,8 +179,9 @@ def merge(jsonl: Path, result: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--L", type=float, nargs="+", default=[1.5, 3.0])
+    parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--L", nargs="+", default=["1.5", "3.0", "k+1"],
+                        help="mean acceptance lengths: numbers or k+1")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--jsonl", type=Path)
@@ -183,9 +193,9 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
-        for L in args.L:
-            append_jsonl(args.jsonl,
-                         run_cell(target, draft, args.method, args.k, L, args.batches, args.reps))
+        for k in args.k:
+            append_jsonl(args.jsonl, run_pair(target, draft, args.method, k,
+                                              lengths_for(k, args.L), args.batches, args.reps))
 
 
 if __name__ == "__main__":

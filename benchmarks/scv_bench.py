@@ -1,11 +1,17 @@
 """SCV against the alternatives on the GPU: output throughput per batch size and workload.
 
-Policies (each its own engine process, run one after the other on the same GPU):
+Policies, each its own engine process:
 
 - ``no_spec``: vLLM without speculation;
 - ``fixed_k2``, ``fixed_k4``, ``fixed_k8``: draft_model with a fixed k;
 - ``vllm_batch_schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (k by batch size);
 - ``scv``: SCV adaptive, chunks up to 8.
+
+One run takes a *group* of policies (``--policies``): their engines live side by side on one GPU
+and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A). A GPU
+cannot hold all six 8B engines, so the full comparison is several groups, each with ``scv`` in
+it, on one GPU each (``scripts/gpu_session.sh``); ``--merge`` compares SCV only with the
+policies of its own group and reports the smallest ratio.
 
 Workloads give each request its own per-draft acceptance rate ``a`` through the benchmark-only
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
@@ -33,8 +39,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import append_jsonl  # noqa: E402
 from gpu_engines import (  # noqa: E402
     OUTPUT_LEN,
-    Engine,
+    alternate,
     prompts,
+    rate_for_length,
+    start_engines,
+    stop_engines,
     tokens_per_second,
     write_models,
 )
@@ -44,27 +53,17 @@ POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule"
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
 
 
-def rate_for_length(length: float, k: int = REFERENCE_K) -> float:
-    """Per-draft acceptance ``a`` with ``1 + a + ... + a**k == length`` (bisection)."""
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        if 1 + sum(mid**j for j in range(1, k + 1)) < length:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
 def workloads() -> dict[str, list[float]]:
     """Per-request acceptance rates as a repeating pattern (applied to any batch size)."""
-    uniform = {f"uniform_L{length:g}": [rate_for_length(length)] for length in (1.5, 3.0, 4.0)}
-    return {**uniform, "mixed_L1.2_and_full": [rate_for_length(1.2), 1.0]}
+    uniform = {f"uniform_L{length:g}": [rate_for_length(length, REFERENCE_K)]
+               for length in (1.5, 3.0, 4.0)}
+    return {**uniform, "mixed_L1.2_and_full": [rate_for_length(1.2, REFERENCE_K), 1.0]}
 
 
-def engine_kwargs(policy: str, target: str, draft: str, max_batch: int) -> dict:
+def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
+                  memory_share: float) -> dict:
     kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                  max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=0.85,
+                  max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=memory_share,
                   seed=0, disable_log_stats=False, enable_prefix_caching=False)
     if policy == "no_spec":
         return kwargs
@@ -80,56 +79,77 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int) -> dict:
     return {**kwargs, "speculative_config": speculative}
 
 
-def run_policy(policy: str, target: str, draft: str, batches: list[int], reps: int,
-               prompt_len: int) -> dict:
-    engine = Engine(policy, engine_kwargs(policy, target, draft, max(batches)))
-    results = []
+def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
+              prompt_len: int, memory: float) -> dict:
+    share = round(memory / len(policies), 3)
+    engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
+                             for p in policies})
+    rows = []
     try:
-        engine.run(prompts(4, seed=99))  # warm-up
+        for engine in engines.values():
+            engine.run(prompts(4, seed=99))  # warm-up
         for name, pattern in workloads().items():
             for batch in batches:
                 rates = [pattern[i % len(pattern)] for i in range(batch)]
                 extra = [{"synthetic_acceptance_rate": r} for r in rates]
-                runs = [engine.run(prompts(batch, seed=1000 * batch + rep, length=prompt_len),
-                                   extra)
-                        for rep in range(reps)]
-                tok_s = statistics.median(tokens_per_second(r) for r in runs)
-                drafted = sum(r["drafted"] for r in runs)
-                accepted = sum(r["accepted"] for r in runs)
-                row = {"policy": policy, "batch": batch, "workload": name,
-                       "tok_s": round(tok_s, 1),
-                       "acceptance": round(accepted / drafted, 4) if drafted else None}
-                print(json.dumps(row), flush=True)
-                results.append(row)
+                runs: dict[str, list[dict]] = {p: [] for p in policies}
+                for rep in range(reps):
+                    batch_prompts = prompts(batch, seed=1000 * batch + rep, length=prompt_len)
+                    for policy, run in alternate(engines, batch_prompts, rep, extra).items():
+                        runs[policy].append(run)
+                for policy in policies:
+                    drafted = sum(r["drafted"] for r in runs[policy])
+                    accepted = sum(r["accepted"] for r in runs[policy])
+                    row = {"policy": policy, "batch": batch, "workload": name,
+                           "tok_s": round(statistics.median(
+                               tokens_per_second(r) for r in runs[policy]), 1),
+                           "acceptance": round(accepted / drafted, 4) if drafted else None}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     finally:
-        engine.stop()
-    return {"policy": policy, "startup_seconds": round(engine.startup_seconds, 1),
-            "prompt_len": prompt_len, "reps": reps, "rows": results}
+        stop_engines(engines)
+    return {"policies": policies, "gpu_memory_share": share,
+            "startup_seconds": {p: round(e.startup_seconds, 1) for p, e in engines.items()},
+            "prompt_len": prompt_len, "reps": reps, "rows": rows}
 
 
 def merge(jsonl: Path, result: Path) -> None:
+    """One cell per (batch, workload). ``tok_s``: each policy's throughput in its group (SCV's
+    is the mean over groups); ``scv_over_best_other``: the smallest, over groups, of SCV over
+    the best other policy of the same group (same GPU, alternating batches)."""
     from common import environment
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    table: dict[tuple[int, str], dict[str, float]] = {}
+    groups: dict[tuple[int, str], list[dict[str, float]]] = {}
     for record in records:
+        tables: dict[tuple[int, str], dict[str, float]] = {}
         for row in record["rows"]:
-            table.setdefault((row["batch"], row["workload"]), {})[row["policy"]] = row["tok_s"]
+            tables.setdefault((row["batch"], row["workload"]), {})[row["policy"]] = row["tok_s"]
+        for key, tok_s in tables.items():
+            groups.setdefault(key, []).append(tok_s)
     cells = []
-    for (batch, workload), tok_s in sorted(table.items()):
-        others = [v for p, v in tok_s.items() if p != "scv"]
-        cells.append({
-            "batch": batch, "workload": workload, "tok_s": tok_s,
-            "scv_over_best_other": round(tok_s["scv"] / max(others), 4)
-            if "scv" in tok_s and others else None,
-        })
+    for (batch, workload), group_tables in sorted(groups.items()):
+        tok_s: dict[str, float] = {}
+        ratios = []
+        for table in group_tables:
+            tok_s.update({p: v for p, v in table.items() if p != "scv"})
+            others = [v for p, v in table.items() if p != "scv"]
+            if "scv" in table and others:
+                ratios.append(round(table["scv"] / max(others), 4))
+        scv = [t["scv"] for t in group_tables if "scv" in t]
+        if scv:
+            tok_s["scv"] = round(statistics.mean(scv), 1)
+        cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
+                      "scv_over_best_other": min(ratios) if ratios else None,
+                      "scv_over_best_other_by_group": ratios, "groups": group_tables})
     payload = {**environment(), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
                             "output_len": OUTPUT_LEN,
                             "reps": sorted({r["reps"] for r in records}),
                             "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft",
                             "rates": workloads(), "batch_schedule": BATCH_SCHEDULE},
-               "startup_seconds": {r["policy"]: r["startup_seconds"] for r in records},
+               "groups": [{"policies": r["policies"], "gpu_memory_share": r["gpu_memory_share"],
+                           "startup_seconds": r["startup_seconds"]} for r in records],
                "cells": cells}
     result.parent.mkdir(parents=True, exist_ok=True)
     result.write_text(json.dumps(payload, indent=1) + "\n")
@@ -138,9 +158,12 @@ def merge(jsonl: Path, result: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", choices=POLICIES,
+                        default=["no_spec", "fixed_k4", "scv"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--memory", type=float, default=0.9,
+                        help="share of GPU memory for the whole group, split evenly")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="prompt tokens (>= 128); short prompts keep the run decode-bound")
     parser.add_argument("--jsonl", type=Path)
@@ -152,9 +175,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
-        for policy in args.policies:
-            append_jsonl(args.jsonl, run_policy(policy, target, draft, args.batches, args.reps,
-                                                args.prompt_len))
+        append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
+                                           args.reps, args.prompt_len, args.memory))
 
 
 if __name__ == "__main__":

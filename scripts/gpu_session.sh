@@ -1,24 +1,49 @@
 #!/usr/bin/env bash
-# One device session's plan, run in the background on the GPU machine after the devkit
-# install, so that one engine start is never cut by the 10-minute limit of a device call:
-#   setsid nohup bash scripts/gpu_session.sh > /tmp/out/session.log 2>&1 &
-# Each step writes into /tmp/out (OUT for scripts/gpu_suite.sh) and a marker when done; a
-# later call copies /tmp/out to its $OUT. Steps in priority order.
+# One device session's plan, run in the background on the GPU machine after the devkit install,
+# so that no benchmark is cut by the 10-minute limit of a device call:
+#   setsid nohup bash scripts/gpu_session.sh > /tmp/out/session.log 2>&1 < /dev/null &
+# The work is four streams of steps. With n GPUs, GPU g runs streams g, g + n, ... one after
+# the other, all GPUs at once, each with its own compile caches. Every step writes
+# /tmp/out/<step>.jsonl and .log and a <step>.done marker (a rerun skips finished steps); a
+# later call copies /tmp/out back. Streams are in priority order for machines of fewer GPUs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=/tmp/out
 mkdir -p "$OUT"
-step() {  # step NAME COMMAND...
+bash scripts/gpu_suite.sh install || exit 1
+export NWOR_INSTALLED=1
+
+step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once done
   local name=$1; shift
   [ -e "$OUT/$name.done" ] && return
-  echo "=== $name start $(date +%T)"
-  "$@"
+  echo "=== $name start $(date +%T) gpu ${CUDA_VISIBLE_DEVICES:-all}"
+  STEP=$name bash scripts/gpu_suite.sh "$@" > /dev/null 2>&1
   echo "$?" > "$OUT/$name.done"
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
-step tests bash scripts/gpu_suite.sh tests tests/gpu/test_engine_gpu.py -k "scv or window"
-step scv bash scripts/gpu_suite.sh scv_bench --reps 1
-step overhead_dm bash scripts/gpu_suite.sh nwor_overhead --method draft_model --k 4 --L 1.5 3.0
-step window bash scripts/gpu_suite.sh draft_window_bench --batches 1 32 128 --reps 1
-step overhead_ngram bash scripts/gpu_suite.sh nwor_overhead --method ngram --k 4 --L 1.5 3.0
+
+# SCV: groups of policies that fit one GPU side by side, each with SCV in it.
+stream0() {
+  step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2
+  step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2
+}
+stream1() {
+  step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2
+  step window draft_window_bench --batches 1 32 128 --reps 2
+}
+stream2() { step overhead_dm nwor_overhead --method draft_model --k 2 4 8; }
+stream3() { step overhead_ngram nwor_overhead --method ngram --k 2 4 8; }
+
+gpus=$(nvidia-smi -L | wc -l)
+echo "=== $gpus GPUs"
+for g in $(seq 0 $((gpus - 1))); do
+  (
+    export CUDA_VISIBLE_DEVICES=$g VLLM_CACHE_ROOT=/tmp/cache/$g/vllm
+    export TRITON_CACHE_DIR=/tmp/cache/$g/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cache/$g/inductor
+    for s in 0 1 2 3; do
+      [ $((s % gpus)) -eq "$g" ] && "stream$s"
+    done
+  ) &
+done
+wait
 echo "=== all done $(date +%T)"

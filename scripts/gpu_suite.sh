@@ -5,7 +5,9 @@
 #   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
 #   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
-# Pass NWOR_COMMIT=<sha> (the tree travels without .git). Results come back from $OUT; merge
+#   scripts/gpu_suite.sh install               the install alone
+# Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
+# (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
 # a benchmark's into benchmarks/results/ here with
 #   python benchmarks/<name>.py --merge <name>.jsonl --result benchmarks/results/...
 set -uo pipefail
@@ -15,18 +17,22 @@ out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 python3 -c "import vllm" 2>/dev/null || {
   echo "vLLM is not installed in /tmp/site: run the devkit's three calls first" >&2; exit 3; }
-python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site --upgrade . \
-  || exit 1
+if [ -z "${NWOR_INSTALLED:-}" ]; then
+  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site --upgrade . \
+    || exit 1
+fi
 echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
 what="${1:-tests}"
 shift || true
+name="${STEP:-$what}"
 case "$what" in
+  install) ;;
   tests)
     python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
       "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
   nwor_overhead|scv_bench|draft_window_bench)
-    python3 "benchmarks/$what.py" --jsonl "$out/$what.jsonl" "$@" 2>&1 \
-      | tee "$out/$what.log" | grep -vE "^(INFO|DEBUG) " ;;
+    python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
+      | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 tests|nwor_overhead|scv_bench|draft_window_bench [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench [args]" >&2; exit 2 ;;
 esac

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -28,8 +29,9 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     scv = importlib.import_module("scv_bench")
     overhead = importlib.import_module("nwor_overhead")
     window = importlib.import_module("draft_window_bench")
-    cases = [(f"scv_bench:{p}", scv.engine_kwargs(p, "t", "d", 256)) for p in scv.POLICIES]
-    cases += [(f"nwor_overhead:{m}:{nwor}", overhead.engine_kwargs("t", "d", m, 4, 1.5, nwor, 8))
+    cases = [(f"scv_bench:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3))
+             for p in scv.POLICIES]
+    cases += [(f"nwor_overhead:{m}:{nwor}", overhead.engine_kwargs("t", "d", m, 4, nwor, 8))
               for m in ("draft_model", "ngram") for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))
               for w in (None, 256)]
@@ -50,3 +52,34 @@ def test_benchmark_config_is_split_between_vllm_and_the_plugin(name, kwargs):
     assert left <= VLLM_KEYS, f"{name}: keys neither vLLM's nor the plugin's: {left - VLLM_KEYS}"
     for key in ours:
         assert getattr(config, key) == speculative[key]
+
+
+def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
+    """Groups run on different GPUs: SCV's ratio is taken within each group, the smallest kept."""
+    scv = importlib.import_module("scv_bench")
+    rows = lambda tok_s: [  # noqa: E731
+        {"policy": p, "batch": 128, "workload": "w", "tok_s": v} for p, v in tok_s.items()]
+    records = [
+        {"policies": ["no_spec", "fixed_k4", "scv"], "gpu_memory_share": 0.3, "reps": 2,
+         "prompt_len": 128, "startup_seconds": {}, "rows": rows(
+             {"no_spec": 100.0, "fixed_k4": 90.0, "scv": 110.0})},
+        {"policies": ["fixed_k8", "scv"], "gpu_memory_share": 0.45, "reps": 2,
+         "prompt_len": 128, "startup_seconds": {}, "rows": rows({"fixed_k8": 120.0, "scv": 114.0})},
+    ]
+    jsonl = tmp_path / "scv.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    scv.merge(jsonl, tmp_path / "scv.json")
+    (cell,) = json.loads((tmp_path / "scv.json").read_text())["cells"]
+    assert cell["scv_over_best_other_by_group"] == [1.1, 0.95]
+    assert cell["scv_over_best_other"] == 0.95
+    assert cell["tok_s"] == {"no_spec": 100.0, "fixed_k4": 90.0, "fixed_k8": 120.0, "scv": 112.0}
+
+
+def test_overhead_lengths_per_k():
+    overhead = importlib.import_module("nwor_overhead")
+    assert overhead.lengths_for(2, ["1.5", "3.0", "k+1"]) == [1.5, 3.0]
+    assert overhead.lengths_for(8, ["1.5", "3.0", "k+1"]) == [1.5, 3.0, 9.0]
+    gpu_engines = importlib.import_module("gpu_engines")
+    rate = gpu_engines.rate_for_length(3.0, 4)
+    assert abs(1 + rate + rate**2 + rate**3 + rate**4 - 3.0) < 1e-9
+    assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
