@@ -45,8 +45,40 @@ def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
             for _ in range(batch)]
 
 
+def generate_at_concurrency(llm, batch_prompts, params, concurrency: int) -> list:
+    """Serves the prompts keeping ``concurrency`` requests in flight: a new one is added as
+    soon as one finishes (what a server sees under steady load), outputs in prompt order."""
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    generate_at_concurrency.calls = getattr(generate_at_concurrency, "calls", 0) + 1
+    pending = list(range(len(batch_prompts)))[::-1]
+    index: dict[str, int] = {}
+    outputs: dict[int, object] = {}
+
+    def add() -> None:
+        i = pending.pop()
+        request_id = f"c{generate_at_concurrency.calls}-{i}"
+        sampling = params[i].clone()
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY
+        index[request_id] = i
+        index[engine.add_request(request_id, {"prompt_token_ids": batch_prompts[i]},
+                                 sampling)] = i
+
+    for _ in range(min(concurrency, len(pending))):
+        add()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                outputs[index[output.request_id]] = output
+                if pending:
+                    add()
+    return [outputs[i] for i in range(len(batch_prompts))]
+
+
 def engine_main(conn, kwargs: dict) -> None:
-    """Engine process: builds one LLM, then serves ("run", prompts, extra_args) until stop."""
+    """Engine process: builds one LLM, then serves ("run", prompts, extra_args, concurrency)
+    until stop; concurrency None sends the whole batch to ``LLM.generate`` at once."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
@@ -72,13 +104,16 @@ def engine_main(conn, kwargs: dict) -> None:
         message = conn.recv()
         if message[0] == "stop":
             break
-        _, batch_prompts, extra_args = message
+        _, batch_prompts, extra_args, concurrency = message
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
         before = snapshot()
         start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
-                               use_tqdm=False)
+        if concurrency is None:
+            outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
+                                   use_tqdm=False)
+        else:
+            outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency)
         seconds = time.perf_counter() - start
         after = snapshot()
         itls = []
@@ -119,8 +154,10 @@ class Engine:
                 )
         return self.conn.recv()
 
-    def run(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> dict:
-        self.conn.send(("run", batch_prompts, extra_args or [None] * len(batch_prompts)))
+    def run(self, batch_prompts: list[list[int]], extra_args: list | None = None,
+            concurrency: int | None = None) -> dict:
+        self.conn.send(("run", batch_prompts, extra_args or [None] * len(batch_prompts),
+                        concurrency))
         return self._receive()
 
     def stop(self) -> None:
@@ -161,10 +198,11 @@ def stop_engines(engines: dict[str, Engine]) -> None:
 
 
 def alternate(engines: dict[str, Engine], batch_prompts: list[list[int]], rep: int,
-              extra_args: list | None = None) -> dict[str, dict]:
+              extra_args: list | None = None, concurrency: int | None = None
+              ) -> dict[str, dict]:
     """One batch on every engine, in order on even reps and in reverse on odd ones (A B, B A)."""
     names = list(engines) if rep % 2 == 0 else list(engines)[::-1]
-    return {name: engines[name].run(batch_prompts, extra_args) for name in names}
+    return {name: engines[name].run(batch_prompts, extra_args, concurrency) for name in names}
 
 
 def tokens_per_second(run: dict) -> float:

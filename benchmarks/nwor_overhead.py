@@ -79,7 +79,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int]]
 
 
 def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
-                  max_batch: int) -> dict:
+                  max_batch: int, cudagraph_mode: str | None = None) -> dict:
     speculative = {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",
                    "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
@@ -89,10 +89,13 @@ def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
         speculative.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=2)
     if nwor:
         speculative["nwor"] = True
-    return dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                max_model_len=PROMPT_LEN + OUTPUT_LEN + 64, max_num_seqs=max_batch,
-                gpu_memory_utilization=0.42, seed=0, disable_log_stats=False,
-                enable_prefix_caching=False, speculative_config=speculative)
+    kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                  max_model_len=PROMPT_LEN + OUTPUT_LEN + 64, max_num_seqs=max_batch,
+                  gpu_memory_utilization=0.42, seed=0, disable_log_stats=False,
+                  enable_prefix_caching=False, speculative_config=speculative)
+    if cudagraph_mode:
+        kwargs["compilation_config"] = {"cudagraph_mode": cudagraph_mode}
+    return kwargs
 
 
 def lengths_for(k: int, lengths: list[str]) -> list[float]:
@@ -101,10 +104,10 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
     return list(dict.fromkeys(v for v in values if 1.0 <= v <= k + 1))
 
 
-def run_pair(target, draft, method, k, lengths, batches, reps) -> dict:
+def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None) -> dict:
     engines = start_engines({
-        name: engine_kwargs(target, draft, method, k, name == "on", max(batches))
-        for name in ("off", "on")})
+        "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode),
+        "on": engine_kwargs(target, draft, method, k, True, max(batches))})
     rows = []
     try:
         for engine in engines.values():  # warm-up: JIT compiles, first-call costs
@@ -121,6 +124,7 @@ def run_pair(target, draft, method, k, lengths, batches, reps) -> dict:
                 rows.append(summarise(method, k, L, batch, results))
                 print(json.dumps(rows[-1]), flush=True)
         return {"startup_seconds": {n: round(e.startup_seconds, 1) for n, e in engines.items()},
+                "baseline_cudagraph_mode": baseline_mode or "vLLM default (FULL_AND_PIECEWISE)",
                 "cells": rows}
     finally:
         stop_engines(engines)
@@ -170,6 +174,9 @@ def merge(jsonl: Path, result: Path) -> None:
                             "model": "Llama-3-8B shape, dummy weights, bf16",
                             "draft": "2-layer Llama, same vocabulary, dummy weights",
                             "acceptance": "vLLM synthetic rejection sampling, mean length L"},
+               "baseline_cudagraph_mode": sorted({
+                   r.get("baseline_cudagraph_mode", "vLLM default (FULL_AND_PIECEWISE)")
+                   for r in map(json.loads, jsonl.read_text().splitlines())}),
                "startup_seconds": startups, "cells": cells}
     result.parent.mkdir(parents=True, exist_ok=True)
     result.write_text(json.dumps(payload, indent=1) + "\n")
@@ -183,6 +190,9 @@ def main() -> None:
     parser.add_argument("--L", nargs="+", default=["1.5", "3.0", "k+1"],
                         help="mean acceptance lengths: numbers or k+1")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--baseline-cudagraph-mode", choices=["PIECEWISE"],
+                        help="run the NWOR-off engine in this mode: splits NWOR's overhead "
+                        "into what leaving FULL graphs costs and what NWOR's own work costs")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--jsonl", type=Path)
     parser.add_argument("--merge", type=Path)
@@ -195,7 +205,8 @@ def main() -> None:
         target, draft = write_models(Path(root))
         for k in args.k:
             append_jsonl(args.jsonl, run_pair(target, draft, args.method, k,
-                                              lengths_for(k, args.L), args.batches, args.reps))
+                                              lengths_for(k, args.L), args.batches, args.reps,
+                                              args.baseline_cudagraph_mode))
 
 
 if __name__ == "__main__":

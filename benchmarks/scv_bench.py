@@ -13,6 +13,15 @@ cannot hold all six 8B engines, so the full comparison is several groups, each w
 it, on one GPU each (``scripts/gpu_session.sh``); ``--merge`` compares SCV only with the
 policies of its own group and reports the smallest ratio.
 
+Every engine runs with async scheduling: vLLM 0.26 supports it with draft_model but leaves it
+off by default, and without it every speculative policy pays the scheduler's CPU time on top of
+each step while plain decoding does not.
+
+``batch`` is the number of requests in flight. By default the run serves ``2 * batch`` requests
+keeping ``batch`` in flight (a new request starts when one finishes: steady load, as a server
+sees it); ``--closed-batch`` sends ``batch`` requests at once and waits for the last (a request
+that speculates well finishes early and its slot then idles).
+
 Workloads give each request its own per-draft acceptance rate ``a`` through the benchmark-only
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
 rejection sampling at full acceptance, so a request's acceptance follows ``a`` whatever the
@@ -64,7 +73,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
                   memory_share: float) -> dict:
     kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=memory_share,
-                  seed=0, disable_log_stats=False, enable_prefix_caching=False)
+                  seed=0, disable_log_stats=False, enable_prefix_caching=False,
+                  async_scheduling=True)
     if policy == "no_spec":
         return kwargs
     k = {"fixed_k2": 2, "fixed_k4": 4}.get(policy, 8)
@@ -80,7 +90,7 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
 
 
 def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
-              prompt_len: int, memory: float) -> dict:
+              prompt_len: int, memory: float, closed_batch: bool = False) -> dict:
     share = round(memory / len(policies), 3)
     engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
                              for p in policies})
@@ -90,12 +100,14 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             engine.run(prompts(4, seed=99))  # warm-up
         for name, pattern in workloads().items():
             for batch in batches:
-                rates = [pattern[i % len(pattern)] for i in range(batch)]
+                count = batch if closed_batch else 2 * batch
+                rates = [pattern[i % len(pattern)] for i in range(count)]
                 extra = [{"synthetic_acceptance_rate": r} for r in rates]
                 runs: dict[str, list[dict]] = {p: [] for p in policies}
                 for rep in range(reps):
-                    batch_prompts = prompts(batch, seed=1000 * batch + rep, length=prompt_len)
-                    for policy, run in alternate(engines, batch_prompts, rep, extra).items():
+                    batch_prompts = prompts(count, seed=1000 * batch + rep, length=prompt_len)
+                    for policy, run in alternate(engines, batch_prompts, rep, extra,
+                                                 None if closed_batch else batch).items():
                         runs[policy].append(run)
                 for policy in policies:
                     drafted = sum(r["drafted"] for r in runs[policy])
@@ -109,6 +121,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
     finally:
         stop_engines(engines)
     return {"policies": policies, "gpu_memory_share": share,
+            "load": "closed batch" if closed_batch else "steady, 2 x batch requests",
+            "async_scheduling": "on for every policy",
             "startup_seconds": {p: round(e.startup_seconds, 1) for p, e in engines.items()},
             "prompt_len": prompt_len, "reps": reps, "rows": rows}
 
@@ -148,6 +162,10 @@ def merge(jsonl: Path, result: Path) -> None:
                             "reps": sorted({r["reps"] for r in records}),
                             "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft",
                             "rates": workloads(), "batch_schedule": BATCH_SCHEDULE},
+               "load": sorted({r.get("load", "closed batch") for r in records}),
+               "async_scheduling": sorted({r.get("async_scheduling", "vLLM default: off for "
+                                                 "draft_model, on without speculation")
+                                           for r in records}),
                "groups": [{"policies": r["policies"], "gpu_memory_share": r["gpu_memory_share"],
                            "startup_seconds": r["startup_seconds"]} for r in records],
                "cells": cells}
@@ -162,6 +180,8 @@ def main() -> None:
                         default=["no_spec", "fixed_k4", "scv"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--closed-batch", action="store_true",
+                        help="send each batch at once instead of keeping `batch` in flight")
     parser.add_argument("--memory", type=float, default=0.9,
                         help="share of GPU memory for the whole group, split evenly")
     parser.add_argument("--prompt-len", type=int, default=128,
@@ -176,7 +196,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
-                                           args.reps, args.prompt_len, args.memory))
+                                           args.reps, args.prompt_len, args.memory,
+                                           args.closed_batch))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ chunk size
     request plain decoding for that step.
 probe
     A chunk of size 1 given to a request at size 0 now and then, so that it can come back when
-    its acceptance recovers.
+    its acceptance recovers. A due probe goes with the next step that drafts anyway, or else
+    waits for the batch's shared probe step (every ``probe_interval`` steps): the drafter works
+    for the whole batch whenever one request gets a draft, so probes are gathered, not spread.
 
 The policy maximises the batch's expected output rate. A request's drafts are accepted in
 sequence; with a per-draft acceptance probability ``a`` (estimated per request from its own
@@ -162,6 +164,7 @@ class ChunkPolicy:
         self._awaiting_probe: set[str] = set()  # planned, verdict not seen yet
         self._idle_steps: dict[str, int] = {}
         self._probe_wait: dict[str, int] = {}
+        self._steps = 0
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class ChunkPolicy:
         """
         k = self.settings.max_chunk
         self._probes = set()
+        self._steps += 1
         self.acceptance.tick()
         if self.settings.mode == "fixed":
             self._plan = dict.fromkeys(req_ids, k)
@@ -211,10 +215,13 @@ class ChunkPolicy:
             return self._plan
         rates = np.array([self.acceptance.rate(r) for r in req_ids])
         sizes = choose_sizes(rates, k, *self.cost.coefficients)
+        # Probes ride on a step that drafts anyway, or on the shared probe step.
+        probe_now = sizes.any() or self._steps % self.settings.probe_interval == 0
         plan = {}
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
             idle = self._idle_steps.get(req_id, 0) + 1 if size == 0 else 0
-            if idle and idle >= self._probe_wait.get(req_id, self.settings.probe_interval):
+            wait = self._probe_wait.get(req_id, self.settings.probe_interval)
+            if idle and idle >= wait and probe_now:
                 size, idle = 1, 0
                 self._probes.add(req_id)
                 self._awaiting_probe.add(req_id)

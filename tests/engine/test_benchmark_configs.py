@@ -83,3 +83,23 @@ def test_overhead_lengths_per_k():
     rate = gpu_engines.rate_for_length(3.0, 4)
     assert abs(1 + rate + rate**2 + rate**3 + rate**4 - 3.0) < 1e-9
     assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
+
+
+def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
+    """The GPU benchmarks' steady-load driver, on the real CPU engine: with at most two
+    requests in flight out of five, every request gets LLM.generate's greedy tokens."""
+    from engine_utils import PROMPTS, engine, spec_config
+    from vllm import SamplingParams
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, _ = tiny_models
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 5
+    prompts = PROMPTS[:5]
+    with engine(target, spec_config("ngram")) as llm:
+        expected = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                use_tqdm=False)
+        served = gpu_engines.generate_at_concurrency(llm, prompts, params, concurrency=2)
+        served_again = gpu_engines.generate_at_concurrency(llm, prompts, params, concurrency=2)
+    tokens = [list(o.outputs[0].token_ids) for o in expected]
+    assert [list(o.outputs[0].token_ids) for o in served] == tokens
+    assert [list(o.outputs[0].token_ids) for o in served_again] == tokens

@@ -140,6 +140,24 @@ def test_failed_probes_back_off():
     assert len(attempts) < 30
 
 
+def test_probes_are_gathered_on_shared_steps():
+    """Requests joining one after the other, never accepting: their probes fall on shared
+    steps, so most steps draft nothing for the whole batch."""
+    interval = 8
+    policy = compute_bound_policy(probe_interval=interval)
+    drafting_steps = []
+    for step in range(240):
+        batch = [f"r{i}" for i in range(min(step + 1, 24))]
+        plan = policy.plan(batch)
+        if policy.draft_budget() > 0:
+            drafting_steps.append(step)
+        for req in batch:
+            verify(policy, req, plan, accept_all=False)
+    late = [s for s in drafting_steps if s >= 120]
+    assert late, "requests at chunk 0 must still be probed"
+    assert len(late) <= 120 // interval + 1, late
+
+
 def test_fixed_mode_verifies_full_chunks():
     fixed = ChunkPolicy(ScvSettings("fixed", 2, 4, 4))
     assert fixed.plan(["a", "b"]) == {"a": 2, "b": 2} and fixed.draft_budget() == 2

@@ -60,6 +60,7 @@ def _wrap_init(init):
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
         self._nwor_scheduled_at = {}
+        self._nwor_last_output_at = 0.0
 
     return wrapper
 
@@ -153,13 +154,20 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
         first = request.num_computed_tokens - len(drafts)
         chunks.append(SpecChunk(req_id, tuple(drafts), first, accepted))
     policy.observe(chunks)
-    started = scheduler._nwor_scheduled_at.pop(id(scheduler_output), None)
-    if started is not None and sampled:
+    # A step's cost is the time its output took to follow whichever came later: the step's
+    # scheduling or the previous step's output. Without async scheduling that is from
+    # scheduling to output; with it, steps overlap and the interval between outputs is what
+    # each step costs the engine's throughput (the latency from scheduling counts the
+    # previous step too).
+    now = time.perf_counter()
+    scheduled = scheduler._nwor_scheduled_at.pop(id(scheduler_output), None)
+    previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
+    if scheduled is not None and sampled:
         drafted = scheduler_output.num_spec_tokens_to_schedule * len(
             scheduler_output.num_scheduled_tokens
         )
         policy.observe_step(scheduler_output.total_num_scheduled_tokens, drafted,
-                            time.perf_counter() - started)
+                            now - max(scheduled, previous))
 
 
 PATCHES = [
