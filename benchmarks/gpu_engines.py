@@ -104,9 +104,16 @@ def engine_main(conn, kwargs: dict) -> None:
         message = conn.recv()
         if message[0] == "stop":
             break
-        _, batch_prompts, extra_args, concurrency = message
+        kind, batch_prompts, extra_args, concurrency = message[:4]
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
+        profiler = None
+        if kind == "profile":  # torch profiler around the run: its tables come back too
+            import torch
+
+            profiler = torch.profiler.profile(activities=[
+                torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         before = snapshot()
         start = time.perf_counter()
         if concurrency is None:
@@ -115,6 +122,12 @@ def engine_main(conn, kwargs: dict) -> None:
         else:
             outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency)
         seconds = time.perf_counter() - start
+        tables = {}
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            averages = profiler.key_averages()
+            tables = {key: averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
+                      for key in ("self_cpu_time_total", "self_cuda_time_total")}
         after = snapshot()
         itls = []
         for o in outputs:
@@ -129,6 +142,7 @@ def engine_main(conn, kwargs: dict) -> None:
             "accepted": after["accepted"] - before["accepted"],
             "rejected_by_nwor": after["rejected_by_nwor"] - before["rejected_by_nwor"],
             "fallbacks": after["fallbacks"],
+            "profile": tables,
         })
 
 
@@ -157,6 +171,12 @@ class Engine:
     def run(self, batch_prompts: list[list[int]], extra_args: list | None = None,
             concurrency: int | None = None) -> dict:
         self.conn.send(("run", batch_prompts, extra_args or [None] * len(batch_prompts),
+                        concurrency))
+        return self._receive()
+
+    def profile(self, batch_prompts: list[list[int]], extra_args: list | None = None,
+                concurrency: int | None = None) -> dict:
+        self.conn.send(("profile", batch_prompts, extra_args or [None] * len(batch_prompts),
                         concurrency))
         return self._receive()
 

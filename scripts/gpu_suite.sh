@@ -30,9 +30,9 @@ case "$what" in
   tests)
     python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
       "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
-  nwor_overhead|scv_bench|draft_window_bench)
+  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile)
     python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile [args]" >&2; exit 2 ;;
 esac

@@ -35,6 +35,9 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
               for m in ("draft_model", "ngram") for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))
               for w in (None, 256)]
+    profile = importlib.import_module("scv_step_profile")
+    cases += [(f"scv_step_profile:{name}", kwargs)
+              for name, kwargs in profile.configs("t", "d", 128, 0.22).items()]
     return cases
 
 

@@ -1,0 +1,88 @@
+"""Where a speculative step's time goes when SCV verifies nothing: a diagnostic, one GPU.
+
+Four engines side by side, all with async scheduling, on the uniform L=1.5 workload (per-request
+synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV adaptive, and SCV
+held at chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its
+worth, probes rare), which isolates the spec path's floor from SCV's choices. It reports
+throughput per batch size (alternating, two reps) and, for batch 1, torch profiler tables of
+one run per engine (self CPU time and self CUDA time by op).
+
+    python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import append_jsonl  # noqa: E402
+from gpu_engines import (  # noqa: E402
+    alternate,
+    prompts,
+    start_engines,
+    stop_engines,
+    tokens_per_second,
+    write_models,
+)
+from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
+
+PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
+
+
+def configs(target: str, draft: str, max_batch: int, share: float) -> dict[str, dict]:
+    out = {p: engine_kwargs(p, target, draft, max_batch, share)
+           for p in ("no_spec", "fixed_k4", "scv")}
+    pinned = engine_kwargs("scv", target, draft, max_batch, share)
+    pinned["speculative_config"] = {**pinned["speculative_config"], **PINNED_AT_ZERO}
+    out["scv_chunk0"] = pinned
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 128])
+    parser.add_argument("--jsonl", type=Path)
+    args = parser.parse_args()
+    rate = rate_for_length(1.5, REFERENCE_K)
+    with tempfile.TemporaryDirectory() as root:
+        target, draft = write_models(Path(root))
+        engines = start_engines(configs(target, draft, max(args.batches), 0.22))
+        try:
+            for engine in engines.values():
+                engine.run(prompts(4, seed=99))
+            for batch in args.batches:
+                extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)
+                runs = {name: [] for name in engines}
+                for rep in range(2):
+                    batch_prompts = prompts(2 * batch, seed=1000 * batch + rep, length=128)
+                    for name, run in alternate(engines, batch_prompts, rep, extra,
+                                               batch).items():
+                        runs[name].append(run)
+                row = {"batch": batch, "tok_s": {
+                    name: round(statistics.median(tokens_per_second(r) for r in rs), 1)
+                    for name, rs in runs.items()}, "drafted": {
+                    name: sum(r["drafted"] for r in rs) for name, rs in runs.items()}}
+                print(json.dumps(row), flush=True)
+                append_jsonl(args.jsonl, row)
+            batch_prompts = prompts(2, seed=7, length=128)
+            for name, engine in engines.items():
+                run = engine.profile(batch_prompts, [{"synthetic_acceptance_rate": rate}] * 2, 1)
+                record = {"profile": name, "batch": 1, "tok_s": round(tokens_per_second(run), 1),
+                          "tables": run["profile"]}
+                print(name, record["tok_s"], flush=True)
+                for table in run["profile"].values():
+                    print(table, flush=True)
+                append_jsonl(args.jsonl, record)
+        finally:
+            stop_engines(engines)
+
+
+if __name__ == "__main__":
+    main()
