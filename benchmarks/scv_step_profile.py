@@ -5,7 +5,8 @@ synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV ad
 held at chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its
 worth, probes rare), which isolates the spec path's floor from SCV's choices. It reports
 throughput per batch size (alternating, two reps) and, for batch 1, torch profiler tables of
-one run per engine (self CPU time and self CUDA time by op).
+one run per engine (self CPU time and self CUDA time by op). Greedy tokens of each engine
+are compared with no speculation's: SCV held at chunk 0 verifies no drafts, so they must match.
 
     python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
 """
@@ -36,24 +37,38 @@ from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 
 
-def configs(target: str, draft: str, max_batch: int, share: float) -> dict[str, dict]:
-    out = {p: engine_kwargs(p, target, draft, max_batch, share)
-           for p in ("no_spec", "fixed_k4", "scv")}
-    pinned = engine_kwargs("scv", target, draft, max_batch, share)
-    pinned["speculative_config"] = {**pinned["speculative_config"], **PINNED_AT_ZERO}
-    out["scv_chunk0"] = pinned
+ENGINES = ("no_spec", "fixed_k4", "scv", "scv_chunk0")
+
+
+def configs(target: str, draft: str, max_batch: int, share: float,
+            names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
+    out = {}
+    for name in names:
+        out[name] = engine_kwargs(name.removesuffix("_chunk0"), target, draft, max_batch, share)
+        if name == "scv_chunk0":
+            out[name]["speculative_config"] = {**out[name]["speculative_config"],
+                                               **PINNED_AT_ZERO}
     return out
+
+
+def same_tokens(a: list[list[int]], b: list[list[int]]) -> float:
+    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return round(sum(x == y for x, y in pairs) / len(pairs), 5)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 128])
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--jsonl", type=Path)
     args = parser.parse_args()
     rate = rate_for_length(1.5, REFERENCE_K)
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
-        engines = start_engines(configs(target, draft, max(args.batches), 0.22))
+        engines = start_engines(configs(target, draft, max(args.batches),
+                                        round(0.88 / len(args.engines), 3),
+                                        tuple(args.engines)))
         try:
             for engine in engines.values():
                 engine.run(prompts(4, seed=99))
@@ -69,10 +84,14 @@ def main() -> None:
                     name: round(statistics.median(tokens_per_second(r) for r in rs), 1)
                     for name, rs in runs.items()}, "drafted": {
                     name: sum(r["drafted"] for r in rs) for name, rs in runs.items()}}
+                if "no_spec" in runs:  # greedy: drafts never verified means the same tokens
+                    row["same_tokens_as_no_spec"] = {
+                        name: same_tokens(rs[0]["tokens"], runs["no_spec"][0]["tokens"])
+                        for name, rs in runs.items()}
                 print(json.dumps(row), flush=True)
                 append_jsonl(args.jsonl, row)
             batch_prompts = prompts(2, seed=7, length=128)
-            for name, engine in engines.items():
+            for name, engine in engines.items() if not args.no_profile else ():
                 run = engine.profile(batch_prompts, [{"synthetic_acceptance_rate": rate}] * 2, 1)
                 record = {"profile": name, "batch": 1, "tok_s": round(tokens_per_second(run), 1),
                           "tables": run["profile"]}

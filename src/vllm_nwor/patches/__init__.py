@@ -21,20 +21,23 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 14. ``Scheduler.update_draft_token_ids``: per-request chunk cut of new drafts.
 15. ``Scheduler.update_from_output``: feed the policy chunks, verdicts and step times.
 16. ``DraftModelProposer._get_model``: window the draft model's attention (draft context window).
+17. ``GPUModelRunner._check_and_update_cudagraph_mode``, 18. ``._warmup_and_capture``,
+    19. ``._determine_batch_execution_and_padding``: with SCV on, FULL decode graphs for steps
+    where every request is at chunk 0 (``decode_graphs.py``).
 
 Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
 
-17. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
-18. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
-19. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
-20. ``LLMEngine.__init__``, 21. ``AsyncLLM.__init__``: one front-end telemetry object per engine
+20. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
+21. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
+22. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
+23. ``LLMEngine.__init__``, 24. ``AsyncLLM.__init__``: one front-end telemetry object per engine
     (the AsyncLLM one also applies the OpenAI-server patches below).
-22. ``InprocClient.get_output``, 23. ``SyncMPClient.get_output``,
-    24. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
-25. ``OutputProcessor.add_request``: every request starts with empty metrics.
-26. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
-27. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
-28. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
+25. ``InprocClient.get_output``, 26. ``SyncMPClient.get_output``,
+    27. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
+28. ``OutputProcessor.add_request``: every request starts with empty metrics.
+29. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
+30. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
+31. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
 
 Applied with the first ``AsyncLLM`` (the API server), not at registration (``openai_serving.py``):
 
@@ -52,6 +55,7 @@ def all_patches() -> list[Patch]:
     """The patches applied when the plugin registers, in every process."""
     from vllm_nwor.patches import (
         cpu_attn,
+        decode_graphs,
         draft_window,
         engine_args,
         flash_attn,
@@ -70,6 +74,7 @@ def all_patches() -> list[Patch]:
         *worker.PATCHES,
         *scheduler.PATCHES,
         *draft_window.PATCHES,
+        *decode_graphs.PATCHES,
         *telemetry_engine.PATCHES,
         *telemetry_frontend.PATCHES,
     ]
