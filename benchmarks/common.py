@@ -43,6 +43,17 @@ def environment() -> dict:
     }
 
 
+def recorded_environment(jsonl: Path) -> dict:
+    """The environment a GPU run recorded beside its results (``environment.json``, written by
+    ``scripts/gpu_suite.sh`` on the GPU machine): a merge on another machine must not describe
+    itself."""
+    path = jsonl.parent / "environment.json"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: merge the results where the GPU run wrote them "
+                         "(scripts/gpu_suite.sh records the GPU's environment there)")
+    return json.loads(path.read_text())
+
+
 def append_jsonl(path: Path | None, record: dict) -> None:
     """Appends one record (a GPU run's partial result survives a timed-out call)."""
     if path is not None:

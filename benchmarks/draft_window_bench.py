@@ -101,10 +101,10 @@ def main() -> None:
 
 
 def merge(jsonl: Path, result: Path) -> None:
-    from common import environment
+    from common import recorded_environment
 
     cells = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    payload = {**environment(), "benchmark": "draft_window",
+    payload = {**recorded_environment(jsonl), "benchmark": "draft_window",
                "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft", "cells": cells}
     result.parent.mkdir(parents=True, exist_ok=True)
     result.write_text(json.dumps(payload, indent=1) + "\n")

@@ -162,14 +162,14 @@ def summarise(method, k, L, batch, results) -> dict:
 
 
 def merge(jsonl: Path, result: Path) -> None:
-    from common import environment
+    from common import recorded_environment
 
     cells, startups = [], []
     for line in jsonl.read_text().splitlines():
         record = json.loads(line)
         cells += record["cells"]
         startups.append(record["startup_seconds"])
-    payload = {**environment(), "benchmark": "nwor_overhead",
+    payload = {**recorded_environment(jsonl), "benchmark": "nwor_overhead",
                "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
                             "model": "Llama-3-8B shape, dummy weights, bf16",
                             "draft": "2-layer Llama, same vocabulary, dummy weights",

@@ -131,7 +131,7 @@ def merge(jsonl: Path, result: Path) -> None:
     """One cell per (batch, workload). ``tok_s``: each policy's throughput in its group (SCV's
     is the mean over groups); ``scv_over_best_other``: the smallest, over groups, of SCV over
     the best other policy of the same group (same GPU, alternating batches)."""
-    from common import environment
+    from common import recorded_environment
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -156,7 +156,7 @@ def merge(jsonl: Path, result: Path) -> None:
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
                       "scv_over_best_other": min(ratios) if ratios else None,
                       "scv_over_best_other_by_group": ratios, "groups": group_tables})
-    payload = {**environment(), "benchmark": "scv",
+    payload = {**recorded_environment(jsonl), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
                             "output_len": OUTPUT_LEN,
                             "reps": sorted({r["reps"] for r in records}),

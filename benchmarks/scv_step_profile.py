@@ -9,6 +9,7 @@ one run per engine (self CPU time and self CUDA time by op). Greedy tokens of ea
 are compared with no speculation's: SCV held at chunk 0 verifies no drafts, so they must match.
 
     python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
+    python benchmarks/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl  # noqa: E402
+from common import append_jsonl, recorded_environment  # noqa: E402
 from gpu_engines import (  # noqa: E402
     alternate,
     prompts,
@@ -56,13 +57,32 @@ def same_tokens(a: list[list[int]], b: list[list[int]]) -> float:
     return round(sum(x == y for x, y in pairs) / len(pairs), 5)
 
 
+def merge(jsonl: Path, result: Path) -> None:
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    payload = {**recorded_environment(jsonl), "benchmark": "scv_step_profile",
+               "workload": {"acceptance": "uniform L=1.5 at k=4 (per-request synthetic)",
+                            "load": "steady, 2 x batch requests, batch in flight",
+                            "prompt_len": 128, "async_scheduling": "on for every engine",
+                            "scv_chunk0": PINNED_AT_ZERO},
+               "cells": [r for r in records if "profile" not in r],
+               "profiles": [r for r in records if "profile" in r]}
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(json.dumps(payload, indent=1) + "\n")
+    print(result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 128])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--jsonl", type=Path)
+    parser.add_argument("--merge", type=Path)
+    parser.add_argument("--result", type=Path)
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.result)
+        return
     rate = rate_for_length(1.5, REFERENCE_K)
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))

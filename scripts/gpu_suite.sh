@@ -22,6 +22,10 @@ if [ -z "${NWOR_INSTALLED:-}" ]; then
     || exit 1
 fi
 echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
+# What merges on another machine record as the run's environment (commit, versions, GPU).
+python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); from common import environment
+print(json.dumps(environment()))" > "$out/environment.json" 2>/dev/null \
+  || echo "could not record the environment" >&2
 what="${1:-tests}"
 shift || true
 name="${STEP:-$what}"

@@ -71,11 +71,13 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
     ]
     jsonl = tmp_path / "scv.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H200"}))
     scv.merge(jsonl, tmp_path / "scv.json")
     (cell,) = json.loads((tmp_path / "scv.json").read_text())["cells"]
     assert cell["scv_over_best_other_by_group"] == [1.1, 0.95]
     assert cell["scv_over_best_other"] == 0.95
     assert cell["tok_s"] == {"no_spec": 100.0, "fixed_k4": 90.0, "fixed_k8": 120.0, "scv": 112.0}
+    assert json.loads((tmp_path / "scv.json").read_text())["device"] == "NVIDIA H200"
 
 
 def test_overhead_lengths_per_k():
