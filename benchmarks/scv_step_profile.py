@@ -4,9 +4,10 @@ Four engines side by side, all with async scheduling, on the uniform L=1.5 workl
 synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV adaptive, and SCV
 held at chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its
 worth, probes rare), which isolates the spec path's floor from SCV's choices. It reports
-throughput per batch size (alternating, two reps) and, for batch 1, torch profiler tables of
-one run per engine (self CPU time and self CUDA time by op). Greedy tokens of each engine
-are compared with no speculation's: SCV held at chunk 0 verifies no drafts, so they must match.
+throughput per batch size (alternating, two reps) and, at ``--profile-batch`` (1 by default),
+torch profiler tables of one run per engine (self CPU time and self CUDA time by op). Greedy
+tokens of each engine are compared with no speculation's: SCV held at chunk 0 verifies no
+drafts, so they must match.
 
     python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
     python benchmarks/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 128])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--profile-batch", type=int, default=1,
+                        help="requests in flight in the profiled run (2x as many served)")
     parser.add_argument("--jsonl", type=Path)
     parser.add_argument("--merge", type=Path)
     parser.add_argument("--result", type=Path)
@@ -110,10 +113,13 @@ def main() -> None:
                         for name, rs in runs.items()}
                 print(json.dumps(row), flush=True)
                 append_jsonl(args.jsonl, row)
-            batch_prompts = prompts(2, seed=7, length=128)
+            batch = args.profile_batch
+            batch_prompts = prompts(2 * batch, seed=7, length=128)
+            extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)
             for name, engine in engines.items() if not args.no_profile else ():
-                run = engine.profile(batch_prompts, [{"synthetic_acceptance_rate": rate}] * 2, 1)
-                record = {"profile": name, "batch": 1, "tok_s": round(tokens_per_second(run), 1),
+                run = engine.profile(batch_prompts, extra, batch)
+                record = {"profile": name, "batch": batch,
+                          "tok_s": round(tokens_per_second(run), 1),
                           "tables": run["profile"]}
                 print(name, record["tok_s"], flush=True)
                 for table in run["profile"].values():

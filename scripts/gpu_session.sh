@@ -2,7 +2,8 @@
 # One device session's plan, run in the background on the GPU machine after the devkit install,
 # so that no benchmark is cut by the 10-minute limit of a device call:
 #   setsid nohup bash scripts/gpu_session.sh > /tmp/out/session.log 2>&1 < /dev/null &
-# The work is four streams of steps (this session's; earlier ones are in git history). With n GPUs, GPU g runs streams g, g + n, ... one after
+# The work is four streams of steps (the next session's plan; earlier plans are in git
+# history). With n GPUs, GPU g runs streams g, g + n, ... one after
 # the other, all GPUs at once, each with its own compile caches. Every step writes
 # /tmp/out/<step>.jsonl and .log and a <step>.done marker (a rerun skips finished steps); a
 # later call copies /tmp/out back. Streams are in priority order for machines of fewer GPUs.
@@ -26,10 +27,10 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 stream0() { step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2; }
 stream1() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
 stream2() { step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2; }
-# NWOR's overhead split: the NWOR-off engine in PIECEWISE, as NWOR's verify batches run.
+# Where a chunk-0 step's time goes at high concurrency (docs/scv.md, "CUDA graphs").
 stream3() {
-  step overhead_piecewise nwor_overhead --method draft_model --k 4 \
-    --baseline-cudagraph-mode PIECEWISE
+  step scv_profile_128 scv_step_profile --engines no_spec scv_chunk0 --batches 1 128 \
+    --profile-batch 128
 }
 
 gpus=$(nvidia-smi -L | wc -l)
