@@ -58,3 +58,28 @@ def test_the_wrapper_fits_vllms_signature():
     params = inspect.signature(GPUModelRunner._determine_batch_execution_and_padding).parameters
     assert {"num_tokens", "num_reqs", "max_num_scheduled_tokens",
             "force_uniform_decode"} <= set(params)
+
+
+def runner_for(scv="adaptive", mode="FULL_AND_PIECEWISE", query_len=5, dp=1, lora=None):
+    from vllm.config import CUDAGraphMode
+
+    parallel = SimpleNamespace(data_parallel_size=dp, use_ubatching=False)
+    return SimpleNamespace(
+        uniform_decode_query_len=query_len,
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode]),
+        vllm_config=SimpleNamespace(additional_config={"scv": scv}, lora_config=lora,
+                                    parallel_config=parallel),
+    )
+
+
+@pytest.mark.parametrize("runner, wanted", [
+    (runner_for(), True),
+    (runner_for(scv="off"), False),               # SCV off: never a chunk-0 step
+    (runner_for(mode="PIECEWISE"), False),        # no FULL decode graphs (NWOR on, or chosen)
+    (runner_for(mode="FULL"), False),             # one routine for all batches: nothing to add
+    (runner_for(query_len=1), False),             # no speculation
+    (runner_for(dp=2), False),                    # data parallel: left to vLLM
+    (runner_for(lora=object()), False),
+])
+def test_extra_graphs_only_where_they_apply(runner, wanted):
+    assert decode_graphs._wanted(runner) is wanted

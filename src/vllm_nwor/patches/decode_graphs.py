@@ -54,6 +54,10 @@ def _wanted(runner: GPUModelRunner) -> bool:
         and mode.separate_routine()
         and mode.decode_mode() == CUDAGraphMode.FULL
         and runner.vllm_config.lora_config is None
+        # Data parallelism and micro-batching coordinate graph choices across ranks and
+        # ubatches: left to vLLM.
+        and runner.vllm_config.parallel_config.data_parallel_size == 1
+        and not runner.vllm_config.parallel_config.use_ubatching
     )
 
 
