@@ -54,6 +54,22 @@ def recorded_environment(jsonl: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def parse_or_merge(parser, merge) -> object | None:
+    """The GPU drivers' shared command line: ``--jsonl`` (where a run appends its records),
+    or ``--merge JSONL --result JSON`` (here, afterwards: ``merge(jsonl, result)``). Returns the
+    parsed arguments for a run, None when it merged."""
+    parser.add_argument("--jsonl", type=Path, help="append this run's records here")
+    parser.add_argument("--merge", type=Path, help="merge a run's records instead of running")
+    parser.add_argument("--result", type=Path, help="with --merge: the JSON to write")
+    args = parser.parse_args()
+    if args.merge is None:
+        return args
+    if args.result is None:
+        parser.error("--merge needs --result (the JSON file to write)")
+    merge(args.merge, args.result)
+    return None
+
+
 def append_jsonl(path: Path | None, record: dict) -> None:
     """Appends one record (a GPU run's partial result survives a timed-out call)."""
     if path is not None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl  # noqa: E402
+from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import Engine, prompts, tokens_per_second, write_models  # noqa: E402
 
 
@@ -59,12 +59,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--jsonl", type=Path)
-    parser.add_argument("--merge", type=Path)
-    parser.add_argument("--result", type=Path)
-    args = parser.parse_args()
-    if args.merge:
-        merge(args.merge, args.result)
+    args = parse_or_merge(parser, merge)
+    if args is None:
         return
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root), draft_max_positions=args.draft_max)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl  # noqa: E402
+from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import (  # noqa: E402
     OUTPUT_LEN,
     PROMPT_LEN,
@@ -194,12 +194,8 @@ def main() -> None:
                         help="run the NWOR-off engine in this mode: splits NWOR's overhead "
                         "into what leaving FULL graphs costs and what NWOR's own work costs")
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--jsonl", type=Path)
-    parser.add_argument("--merge", type=Path)
-    parser.add_argument("--result", type=Path)
-    args = parser.parse_args()
-    if args.merge:
-        merge(args.merge, args.result)
+    args = parse_or_merge(parser, merge)
+    if args is None:
         return
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))

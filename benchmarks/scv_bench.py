@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl  # noqa: E402
+from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import (  # noqa: E402
     OUTPUT_LEN,
     alternate,
@@ -186,12 +186,8 @@ def main() -> None:
                         help="share of GPU memory for the whole group, split evenly")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="prompt tokens (>= 128); short prompts keep the run decode-bound")
-    parser.add_argument("--jsonl", type=Path)
-    parser.add_argument("--merge", type=Path)
-    parser.add_argument("--result", type=Path)
-    args = parser.parse_args()
-    if args.merge:
-        merge(args.merge, args.result)
+    args = parse_or_merge(parser, merge)
+    if args is None:
         return
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, recorded_environment  # noqa: E402
+from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
 from gpu_engines import (  # noqa: E402
     alternate,
     prompts,
@@ -79,12 +79,8 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-batch", type=int, default=1,
                         help="requests in flight in the profiled run (2x as many served)")
-    parser.add_argument("--jsonl", type=Path)
-    parser.add_argument("--merge", type=Path)
-    parser.add_argument("--result", type=Path)
-    args = parser.parse_args()
-    if args.merge:
-        merge(args.merge, args.result)
+    args = parse_or_merge(parser, merge)
+    if args is None:
         return
     rate = rate_for_length(1.5, REFERENCE_K)
     with tempfile.TemporaryDirectory() as root:
