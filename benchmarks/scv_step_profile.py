@@ -3,7 +3,9 @@
 Four engines side by side, all with async scheduling, on the uniform L=1.5 workload (per-request
 synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV adaptive, and SCV
 held at chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its
-worth, probes rare), which isolates the spec path's floor from SCV's choices. It reports
+worth, probes rare), which isolates the spec path's floor from SCV's choices. ``vllm_k0`` is
+vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``), with no
+plugin feature on: the same floor without the plugin. It reports
 throughput per batch size (alternating, two reps) and, at ``--profile-batch`` (1 by default),
 torch profiler tables of one run per engine (self CPU time and self CUDA time by op). Greedy
 tokens of each engine are compared with no speculation's: SCV held at chunk 0 verifies no
@@ -39,17 +41,23 @@ from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 
 
-ENGINES = ("no_spec", "fixed_k4", "scv", "scv_chunk0")
+ENGINES = ("no_spec", "fixed_k4", "scv", "scv_chunk0", "vllm_k0")
+VLLM_K0 = [[1, 1 << 20, 0]]
 
 
 def configs(target: str, draft: str, max_batch: int, share: float,
             names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
     out = {}
     for name in names:
-        out[name] = engine_kwargs(name.removesuffix("_chunk0"), target, draft, max_batch, share)
+        policy = {"scv_chunk0": "scv", "vllm_k0": "fixed_k8"}.get(name, name)
+        out[name] = engine_kwargs(policy, target, draft, max_batch, share)
+        speculative = out[name].get("speculative_config")
         if name == "scv_chunk0":
-            out[name]["speculative_config"] = {**out[name]["speculative_config"],
-                                               **PINNED_AT_ZERO}
+            out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}
+        if name == "vllm_k0":
+            out[name]["speculative_config"] = {
+                "method": "draft_model", "model": draft, "num_speculative_tokens": 8,
+                "num_speculative_tokens_per_batch_size": VLLM_K0}
     return out
 
 

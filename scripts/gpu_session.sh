@@ -29,8 +29,8 @@ stream1() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
 stream2() { step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2; }
 # Where a chunk-0 step's time goes at high concurrency (docs/scv.md, "CUDA graphs").
 stream3() {
-  step scv_profile_128 scv_step_profile --engines no_spec scv_chunk0 --batches 1 128 \
-    --profile-batch 128
+  step scv_profile_128 scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
+    --batches 1 128 --profile-batch 128
 }
 
 gpus=$(nvidia-smi -L | wc -l)
