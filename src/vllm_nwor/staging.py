@@ -402,11 +402,16 @@ class NworInterceptor:
         slot_mapping: torch.Tensor,
     ) -> None:
         """Takes layer ``layer_idx``'s KV write: draft rows are staged, the rest written."""
+        self._in_range("nwor.stage", self._stage_or_fall_back, layer_idx, key, value,
+                       slot_mapping)
+
+    def _in_range(self, name: str, fn, *args) -> None:
+        """``fn(*args)``, inside an NVTX range named ``name`` on CUDA (for profiles)."""
         if not self._nvtx:
-            return self._stage_or_fall_back(layer_idx, key, value, slot_mapping)
-        torch.cuda.nvtx.range_push("nwor.stage")
+            return fn(*args)
+        torch.cuda.nvtx.range_push(name)
         try:
-            self._stage_or_fall_back(layer_idx, key, value, slot_mapping)
+            fn(*args)
         finally:
             torch.cuda.nvtx.range_pop()
 
@@ -445,13 +450,7 @@ class NworInterceptor:
         ``accepted`` is a bool tensor over the step's staged tokens
         (see :meth:`VerifyStep.accepted_mask`).
         """
-        if not self._nvtx:
-            return self._commit(accepted)
-        torch.cuda.nvtx.range_push("nwor.commit")
-        try:
-            self._commit(accepted)
-        finally:
-            torch.cuda.nvtx.range_pop()
+        self._in_range("nwor.commit", self._commit, accepted)
 
     def _commit(self, accepted: torch.Tensor) -> None:
         step, self._step = self._step, None
