@@ -31,7 +31,14 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge  # noqa: E402
-from gpu_engines import Engine, prompts, tokens_per_second, write_models  # noqa: E402
+from gpu_engines import (  # noqa: E402
+    alternate,
+    prompts,
+    start_engines,
+    stop_engines,
+    tokens_per_second,
+    write_models,
+)
 
 
 def engine_kwargs(target: str, draft: str, window: int | None, k: int, max_batch: int) -> dict:
@@ -64,36 +71,33 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root), draft_max_positions=args.draft_max)
-        engines = {}
+        engines = start_engines({
+            label: engine_kwargs(target, draft, window, args.k, max(args.batches))
+            for label, window in (("vllm", None), ("window", args.window))})
         try:
-            for window in (None, args.window):
-                engines[window] = Engine(f"window={window}", engine_kwargs(
-                    target, draft, window, args.k, max(args.batches)))
             for engine in engines.values():
                 engine.run(prompts(2, seed=99))
             for workload in ("short", "mixed"):
                 for batch in args.batches:
-                    runs = {w: [] for w in engines}
+                    runs = {label: [] for label in engines}
                     for rep in range(args.reps):
                         batch_in = batch_prompts(workload, batch, 1000 * batch + rep,
                                                  args.draft_max)
-                        order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
-                        for window in order:
-                            runs[window].append(engines[window].run(batch_in))
+                        for label, run in alternate(engines, batch_in, rep).items():
+                            runs[label].append(run)
                     row = {"workload": workload, "batch": batch, "window": args.window,
                            "draft_max": args.draft_max, "k": args.k}
-                    for window, label in ((None, "vllm"), (args.window, "window")):
+                    for label in engines:
                         row[f"tok_s_{label}"] = round(statistics.median(
-                            tokens_per_second(r) for r in runs[window]), 1)
-                        drafted = sum(r["drafted"] for r in runs[window])
-                        accepted = sum(r["accepted"] for r in runs[window])
+                            tokens_per_second(r) for r in runs[label]), 1)
+                        drafted = sum(r["drafted"] for r in runs[label])
+                        accepted = sum(r["accepted"] for r in runs[label])
                         row[f"acceptance_{label}"] = round(accepted / max(1, drafted), 4)
                     row["throughput_ratio"] = round(row["tok_s_window"] / row["tok_s_vllm"], 4)
                     print(json.dumps(row), flush=True)
                     append_jsonl(args.jsonl, row)
         finally:
-            for engine in engines.values():
-                engine.stop()
+            stop_engines(engines)
 
 
 def merge(jsonl: Path, result: Path) -> None:

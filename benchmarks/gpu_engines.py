@@ -225,5 +225,19 @@ def alternate(engines: dict[str, Engine], batch_prompts: list[list[int]], rep: i
     return {name: engines[name].run(batch_prompts, extra_args, concurrency) for name in names}
 
 
+def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int]]:
+    """Share of identical tokens, and each diverging request's first differing position."""
+    same = total = 0
+    divergences = []
+    for ra, rb in zip(a, b, strict=True):
+        pairs = list(zip(ra, rb, strict=True))
+        same += sum(x == y for x, y in pairs)
+        total += len(pairs)
+        first = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+        if first is not None:
+            divergences.append(first)
+    return same / total, divergences
+
+
 def tokens_per_second(run: dict) -> float:
     return sum(len(t) for t in run["tokens"]) / run["seconds"]

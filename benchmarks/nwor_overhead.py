@@ -39,6 +39,7 @@ from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import (  # noqa: E402
     OUTPUT_LEN,
     PROMPT_LEN,
+    agreement,
     alternate,
     prompts,
     rate_for_length,
@@ -62,20 +63,6 @@ def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> f
     writes = prompt + generated - len(batch_prompts) - run["accepted"] + run["drafted"]
     writes -= run["rejected_by_nwor"]
     return writes * KV_BYTES_PER_TOKEN / generated
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int]]:
-    """Share of identical tokens, and each diverging request's first differing position."""
-    same = total = 0
-    divergences = []
-    for ra, rb in zip(a, b, strict=True):
-        pairs = list(zip(ra, rb, strict=True))
-        same += sum(x == y for x, y in pairs)
-        total += len(pairs)
-        first = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
-        if first is not None:
-            divergences.append(first)
-    return same / total, divergences
 
 
 def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
 from gpu_engines import (  # noqa: E402
+    agreement,
     alternate,
     prompts,
     start_engines,
@@ -59,11 +60,6 @@ def configs(target: str, draft: str, max_batch: int, share: float,
                 "method": "draft_model", "model": draft, "num_speculative_tokens": 8,
                 "num_speculative_tokens_per_batch_size": VLLM_K0}
     return out
-
-
-def same_tokens(a: list[list[int]], b: list[list[int]]) -> float:
-    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
-    return round(sum(x == y for x, y in pairs) / len(pairs), 5)
 
 
 def merge(jsonl: Path, result: Path) -> None:
@@ -113,7 +109,7 @@ def main() -> None:
                     name: sum(r["drafted"] for r in rs) for name, rs in runs.items()}}
                 if "no_spec" in runs:  # greedy: drafts never verified means the same tokens
                     row["same_tokens_as_no_spec"] = {
-                        name: same_tokens(rs[0]["tokens"], runs["no_spec"][0]["tokens"])
+                        name: round(agreement(rs[0]["tokens"], runs["no_spec"][0]["tokens"])[0], 5)
                         for name, rs in runs.items()}
                 print(json.dumps(row), flush=True)
                 append_jsonl(args.jsonl, row)
