@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from cache_audit import runner_of
@@ -85,3 +89,24 @@ def metric_values(llm) -> dict[str, float]:
         elif hasattr(metric, "value"):
             values[metric.name] = metric.value
     return values
+
+
+def run_probe(script: str, target: str, env: dict[str, str], timeout: int) -> dict:
+    """Runs ``script`` (a probe beside these tests) on ``target`` in a fresh process; returns
+    the JSON of its last ``SUMMARY`` line."""
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / script), target],
+        cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("SUMMARY "))
+
+
+def assert_counters_agree(counters, drafted: int, accepted: int) -> None:
+    """NWOR's counters against vLLM's spec-decode stats: every draft staged, the accepted ones
+    committed, the rest rejected, no fallback."""
+    assert counters.fallbacks == {}
+    assert counters.tokens_staged == drafted
+    assert counters.tokens_committed == accepted
+    assert counters.tokens_rejected == drafted - accepted

@@ -8,15 +8,10 @@ the engine config hash must be identical.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parent
+from engine_utils import run_probe
 
 
 def _run(target: str, load_plugins: bool) -> dict:
@@ -25,13 +20,7 @@ def _run(target: str, load_plugins: bool) -> dict:
         env.pop("VLLM_PLUGINS", None)
     else:
         env["VLLM_PLUGINS"] = ""
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "plugin_off_probe.py"), target],
-        cwd=HERE, env=env, capture_output=True, text=True, timeout=600,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("SUMMARY "))
+    return run_probe("plugin_off_probe.py", target, env, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,12 @@ their lists must be too. The server path (``AsyncMPClient``) is tested in ``test
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from engine_utils import run_probe
 
 pytestmark = pytest.mark.engine
-HERE = Path(__file__).parent
 RUNS = ("telemetry_only_mp", "nwor_inproc")
 
 
@@ -27,13 +23,7 @@ RUNS = ("telemetry_only_mp", "nwor_inproc")
 def runs(tiny_models) -> dict:
     target, _ = tiny_models
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "telemetry_probe.py"), target],
-        cwd=HERE, env=env, capture_output=True, text=True, timeout=400,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("SUMMARY "))
+    return run_probe("telemetry_probe.py", target, env, timeout=400)
 
 
 def totals(run: dict) -> dict[str, int]:
