@@ -105,6 +105,16 @@ def final_choices(response) -> list[tuple[int, dict]]:
     return [(c.index, c.model_extra) for c in response.choices]
 
 
+def request_totals(response) -> tuple[list[dict], int, int, int]:
+    """A request's choices' extra fields, and over them: speculative steps (entries in
+    ``acceptance_lengths``), accepted drafts and drafted tokens."""
+    extras = [extra for _, extra in final_choices(response)]
+    steps = sum(len(e["acceptance_lengths"]) for e in extras)
+    accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
+    drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
+    return extras, steps, accepted, drafted
+
+
 def as_json(response) -> Any:
     if isinstance(response, list):
         return [json.loads(chunk.model_dump_json()) for chunk in response]
@@ -183,10 +193,7 @@ def test_each_request_agrees_with_vllm_counters_and_plugin_metrics(traffic):
     totals = {"steps": 0, "accepted": 0}
     for name, result in on.items():
         before, after = result["before"], result["after"]
-        extras = [extra for _, extra in final_choices(result["response"])]
-        steps = sum(len(e["acceptance_lengths"]) for e in extras)
-        accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
-        drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
+        extras, steps, accepted, drafted = request_totals(result["response"])
         means = [e["speculative_decoding"]["mean_acceptance_length"] for e in extras
                  if e["acceptance_lengths"]]
 
@@ -244,10 +251,7 @@ def test_scv_chunk_metrics_agree_with_acceptance_lengths_request_by_request(scv_
     totals = {"steps": 0, "zero": 0}
     for name, result in scv_traffic.items():
         before, after = result["before"], result["after"]
-        extras = [extra for _, extra in final_choices(result["response"])]
-        steps = sum(len(e["acceptance_lengths"]) for e in extras)
-        accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
-        drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
+        _, steps, accepted, drafted = request_totals(result["response"])
 
         def d(metric: str, before=before, after=after, **labels) -> float:
             return delta(before, after, metric, **labels)
