@@ -7,6 +7,7 @@ inter-token latency and the spec-decode and NWOR counter deltas.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -45,20 +46,23 @@ def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
             for _ in range(batch)]
 
 
+_CALLS = itertools.count()  # request ids stay unique across calls in one engine process
+
+
 def generate_at_concurrency(llm, batch_prompts, params, concurrency: int) -> list:
     """Serves the prompts keeping ``concurrency`` requests in flight: a new one is added as
     soon as one finishes (what a server sees under steady load), outputs in prompt order."""
     from vllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
-    generate_at_concurrency.calls = getattr(generate_at_concurrency, "calls", 0) + 1
+    call = next(_CALLS)
     pending = list(range(len(batch_prompts)))[::-1]
     index: dict[str, int] = {}
     outputs: dict[int, object] = {}
 
     def add() -> None:
         i = pending.pop()
-        request_id = f"c{generate_at_concurrency.calls}-{i}"
+        request_id = f"c{call}-{i}"
         sampling = params[i].clone()
         sampling.output_kind = RequestOutputKind.FINAL_ONLY
         index[request_id] = i
