@@ -111,13 +111,17 @@ def engine_main(conn, kwargs: dict) -> None:
         kind, batch_prompts, extra_args, concurrency = message[:4]
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
-        profiler = None
-        if kind == "profile":  # torch profiler around the run: its tables come back too
+        profiler = python_profiler = None
+        if kind == "profile":  # torch profiler and cProfile around the run: tables come back
+            import cProfile
+
             import torch
 
             profiler = torch.profiler.profile(activities=[
                 torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
             profiler.__enter__()
+            python_profiler = cProfile.Profile()
+            python_profiler.enable()
         before = snapshot()
         start = time.perf_counter()
         if concurrency is None:
@@ -128,10 +132,12 @@ def engine_main(conn, kwargs: dict) -> None:
         seconds = time.perf_counter() - start
         tables = {}
         if profiler is not None:
+            python_profiler.disable()
             profiler.__exit__(None, None, None)
             averages = profiler.key_averages()
             tables = {key: averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
                       for key in ("self_cpu_time_total", "self_cuda_time_total")}
+            tables.update(python_tables(python_profiler))
         after = snapshot()
         itls = []
         for o in outputs:
@@ -148,6 +154,19 @@ def engine_main(conn, kwargs: dict) -> None:
             "fallbacks": after["fallbacks"],
             "profile": tables,
         })
+
+
+def python_tables(python_profiler) -> dict[str, str]:
+    """cProfile's top functions by own time and by cumulative time, as text tables."""
+    import io
+    import pstats
+
+    tables = {}
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(python_profiler, stream=text).sort_stats(key).print_stats(40)
+        tables[f"python_{key}"] = text.getvalue()
+    return tables
 
 
 class Engine:

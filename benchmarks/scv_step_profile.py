@@ -5,11 +5,12 @@ synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV ad
 held at chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its
 worth, probes rare), which isolates the spec path's floor from SCV's choices. ``vllm_k0`` is
 vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``), with no
-plugin feature on: the same floor without the plugin. It reports
-throughput per batch size (alternating, two reps) and, at ``--profile-batch`` (1 by default),
-torch profiler tables of one run per engine (self CPU time and self CUDA time by op). Greedy
-tokens of each engine are compared with no speculation's: SCV held at chunk 0 verifies no
-drafts, so they must match.
+plugin feature on: the same floor without the plugin; ``vllm_ngram_k0`` is that with ngram_gpu,
+whose drafter runs no model. It reports throughput per batch size (alternating, two reps) and,
+at each of ``--profile-batches`` (1 by default), torch profiler tables of one run per engine
+(self CPU time and self CUDA time by op) and cProfile's tables of the same run (the engine is
+in-process: scheduler, runner and plugin). Greedy tokens of each engine are compared with no
+speculation's: SCV held at chunk 0 verifies no drafts, so they must match.
 
     python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
     python benchmarks/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
@@ -42,7 +43,7 @@ from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 
 
-ENGINES = ("no_spec", "fixed_k4", "scv", "scv_chunk0", "vllm_k0")
+ENGINES = ("no_spec", "fixed_k4", "scv", "scv_chunk0", "vllm_k0", "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
 
 
@@ -50,7 +51,7 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
     out = {}
     for name in names:
-        policy = {"scv_chunk0": "scv", "vllm_k0": "fixed_k8"}.get(name, name)
+        policy = {"scv_chunk0": "scv"}.get(name, "fixed_k8" if name.startswith("vllm_") else name)
         out[name] = engine_kwargs(policy, target, draft, max_batch, share)
         speculative = out[name].get("speculative_config")
         if name == "scv_chunk0":
@@ -58,6 +59,10 @@ def configs(target: str, draft: str, max_batch: int, share: float,
         if name == "vllm_k0":
             out[name]["speculative_config"] = {
                 "method": "draft_model", "model": draft, "num_speculative_tokens": 8,
+                "num_speculative_tokens_per_batch_size": VLLM_K0}
+        if name == "vllm_ngram_k0":  # the same with no drafter model
+            out[name]["speculative_config"] = {
+                "method": "ngram_gpu", "num_speculative_tokens": 8,
                 "num_speculative_tokens_per_batch_size": VLLM_K0}
     return out
 
@@ -81,8 +86,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 128])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument("--profile-batch", type=int, default=1,
-                        help="requests in flight in the profiled run (2x as many served)")
+    parser.add_argument("--profile-batches", type=int, nargs="+", default=[1],
+                        help="requests in flight in each profiled run (2x as many served)")
     args = parse_or_merge(parser, merge)
     if args is None:
         return
@@ -113,18 +118,18 @@ def main() -> None:
                         for name, rs in runs.items()}
                 print(json.dumps(row), flush=True)
                 append_jsonl(args.jsonl, row)
-            batch = args.profile_batch
-            batch_prompts = prompts(2 * batch, seed=7, length=128)
-            extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)
-            for name, engine in engines.items() if not args.no_profile else ():
-                run = engine.profile(batch_prompts, extra, batch)
-                record = {"profile": name, "batch": batch,
-                          "tok_s": round(tokens_per_second(run), 1),
-                          "tables": run["profile"]}
-                print(name, record["tok_s"], flush=True)
-                for table in run["profile"].values():
-                    print(table, flush=True)
-                append_jsonl(args.jsonl, record)
+            for batch in args.profile_batches if not args.no_profile else ():
+                batch_prompts = prompts(2 * batch, seed=7, length=128)
+                extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)
+                for name, engine in engines.items():
+                    run = engine.profile(batch_prompts, extra, batch)
+                    record = {"profile": name, "batch": batch,
+                              "tok_s": round(tokens_per_second(run), 1),
+                              "tables": run["profile"]}
+                    print(name, batch, record["tok_s"], flush=True)
+                    for table in run["profile"].values():
+                        print(table, flush=True)
+                    append_jsonl(args.jsonl, record)
         finally:
             stop_engines(engines)
 

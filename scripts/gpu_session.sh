@@ -23,14 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# SCV: groups of policies that fit one GPU side by side, each with SCV in it.
-stream0() { step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2; }
-stream1() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
-stream2() { step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2; }
-# Where a chunk-0 step's time goes at high concurrency (docs/scv.md, "CUDA graphs").
-stream3() {
-  step scv_profile_128 scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
-    --batches 1 128 --profile-batch 128
+# Where a chunk-0 step's time goes (docs/scv.md, "CUDA graphs"): vLLM's own k=0 paths with
+# draft_model and ngram beside SCV held at chunk 0 and no speculation, torch and Python profiles.
+stream0() {
+  step scv_profile scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
+    --batches 1 128 --profile-batches 1 128
+  step scv_profile_ngram scv_step_profile --engines no_spec vllm_ngram_k0 \
+    --batches 1 128 --profile-batches 1 128
 }
 
 gpus=$(nvidia-smi -L | wc -l)
@@ -40,7 +39,7 @@ for g in $(seq 0 $((gpus - 1))); do
     export CUDA_VISIBLE_DEVICES=$g VLLM_CACHE_ROOT=/tmp/cache/$g/vllm
     export TRITON_CACHE_DIR=/tmp/cache/$g/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cache/$g/inductor
     for s in 0 1 2 3; do
-      [ $((s % gpus)) -eq "$g" ] && "stream$s"
+      [ $((s % gpus)) -eq "$g" ] && declare -F "stream$s" > /dev/null && "stream$s"
     done
   ) &
 done
