@@ -280,6 +280,8 @@ def choose_sizes(
         value = tokens / np.maximum(seconds, 1e-12)
         best_budget = int(np.argmax(value))
         best = sizes[best_budget]
+        if float(value[best_budget]) == tokens_per_second:
+            break  # a fixed point: the next iteration would choose the same plan
         tokens_per_second = float(value[best_budget])
     return best
 
