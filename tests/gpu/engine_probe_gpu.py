@@ -4,7 +4,8 @@ argv: a JSON spec, the output path. The spec: target, draft, method, ``speculati
 speculative-config keys, plugin keys included), ``engine`` (extra LLM keyword arguments),
 ``audit`` (per-step cache audit), ``inject_every`` (fail every N-th commit; 0 = never),
 ``prompts`` (token lists; default PROMPTS), ``max_tokens``, ``draft_model_max_positions`` (a
-copy of the draft told it handles that many positions).
+copy of the draft told it handles that many positions), ``draft_pass_every_step`` (keep vLLM's
+draft pass on chunk-0 steps: lazy draft sync off).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cache_audit import CacheAudit, runner_of  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
+from vllm_nwor.patches import draft_sync  # noqa: E402
 from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
 
 PROMPTS = [
@@ -67,6 +69,8 @@ def main(spec: dict, out_path: str) -> None:
     )
     llm = LLM(speculative_config=speculative, **{**engine, **spec.get("engine", {})})
     runner = runner_of(llm)
+    if spec.get("draft_pass_every_step"):
+        setattr(runner, draft_sync.STATE_ATTR, False)
     layers = attention_layers(runner.get_model())
     cache_audit = CacheAudit(llm, layers, read_fa_tokens, 16) if audit else None
     interceptor = getattr(runner, "_nwor_interceptor", None)
@@ -86,8 +90,12 @@ def main(spec: dict, out_path: str) -> None:
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
+    lazy = getattr(runner, draft_sync.STATE_ATTR, None)
     summary = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],
+        "draft_sync": {"skipped_steps": lazy.skipped_steps,
+                       "caught_up_tokens": lazy.caught_up_tokens} if lazy else None,
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
         "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
         "counters": counters.as_dict() if counters else None,

@@ -24,20 +24,22 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 17. ``GPUModelRunner._check_and_update_cudagraph_mode``, 18. ``._warmup_and_capture``,
     19. ``._determine_batch_execution_and_padding``: with SCV on, FULL decode graphs for steps
     where every request is at chunk 0 (``decode_graphs.py``).
+20. ``GPUModelRunner.propose_draft_token_ids``: with SCV and draft_model, skip the draft model on
+    chunk-0 steps and catch it up before a request is drafted again (``draft_sync.py``).
 
 Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
 
-20. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
-21. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
-22. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
-23. ``LLMEngine.__init__``, 24. ``AsyncLLM.__init__``: one front-end telemetry object per engine
+21. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
+22. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
+23. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
+24. ``LLMEngine.__init__``, 25. ``AsyncLLM.__init__``: one front-end telemetry object per engine
     (the AsyncLLM one also applies the OpenAI-server patches below).
-25. ``InprocClient.get_output``, 26. ``SyncMPClient.get_output``,
-    27. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
-28. ``OutputProcessor.add_request``: every request starts with empty metrics.
-29. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
-30. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
-31. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
+26. ``InprocClient.get_output``, 27. ``SyncMPClient.get_output``,
+    28. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
+29. ``OutputProcessor.add_request``: every request starts with empty metrics.
+30. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
+31. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
+32. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
 
 Applied with the first ``AsyncLLM`` (the API server), not at registration (``openai_serving.py``):
 
@@ -56,6 +58,7 @@ def all_patches() -> list[Patch]:
     from vllm_nwor.patches import (
         cpu_attn,
         decode_graphs,
+        draft_sync,
         draft_window,
         engine_args,
         flash_attn,
@@ -75,6 +78,7 @@ def all_patches() -> list[Patch]:
         *scheduler.PATCHES,
         *draft_window.PATCHES,
         *decode_graphs.PATCHES,
+        *draft_sync.PATCHES,
         *telemetry_engine.PATCHES,
         *telemetry_frontend.PATCHES,
     ]

@@ -1,0 +1,215 @@
+"""Lazy draft sync: SCV's chunk-0 steps skip the draft model; it catches up before drafting.
+
+With draft_model, vLLM runs the draft model over every step's tokens even when no drafts are
+wanted (draft budget 0, vLLM's own dynamic-k path), so that the draft's KV cache stays complete.
+That pass is what makes a chunk-0 step cost more than a step without speculation: on the CPU
+engine vLLM's k = 0 step took 1.5-1.7x a plain step, the draft pass most of the difference
+(``benchmarks/results/chunk0_cpu_profile_*``); on the GPU a 2-layer draft of a 32-layer target
+costs about 6% of its forward at chunk 0 (one extra slot per request), more than SCV may lose.
+
+With SCV on and method draft_model, a step whose draft budget is 0 skips the drafter entirely
+(what vLLM's k = 0 path returns: no drafts). The runner records, per request, the first position
+whose draft K/V was not written, and the step's input tokens at their positions in a device
+token history (the CPU token table holds placeholders under async scheduling). When a request is
+next drafted, one catch-up pass of the draft model over its missing positions writes their draft
+K/V (through the same layers and the same slots vLLM's pass would use) before vLLM's own pass. A
+request that stays at chunk 0 costs the draft nothing; one that comes back pays the pass it
+skipped, once, batched with the others.
+
+Not with several KV-cache groups, context parallelism or pipeline parallelism: there the step
+keeps vLLM's pass. If recording or catching up ever fails, the runner logs it and keeps vLLM's
+pass from then on; output is unchanged either way (the target verifies every draft), only the
+acceptance of requests that were behind suffers until they finish.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import set_forward_context
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from vllm_nwor._logging import get_logger
+from vllm_nwor.config import config_from_additional
+from vllm_nwor.patches._patch import Patch
+
+logger = get_logger(__name__)
+
+STATE_ATTR = "_nwor_draft_sync"
+"""On the runner: its :class:`LazyDraftSync`, or False where vLLM's pass is kept."""
+
+
+class LazyDraftSync:
+    """Which positions lack draft K/V, per request, and the tokens to fill them with."""
+
+    def __init__(self, runner: GPUModelRunner) -> None:
+        self.max_tokens = runner.scheduler_config.max_num_batched_tokens
+        self.history = torch.zeros((runner.max_num_reqs, runner.max_model_len),
+                                   dtype=torch.int32, device=runner.device)
+        self.slot: dict[str, int] = {}  # request -> history row
+        self.stale_from: dict[str, int] = {}  # request -> first position without draft K/V
+        self.skipped_steps = 0
+        self.caught_up_tokens = 0
+
+    def _forget_departed(self, runner: GPUModelRunner) -> None:
+        """A request that left the batch (finished, preempted) starts over if it comes back:
+        its KV is recomputed from its first position."""
+        live = runner.input_batch.req_id_to_index
+        for req_id in [r for r in self.slot if r not in live]:
+            del self.slot[req_id]
+            self.stale_from.pop(req_id, None)
+
+    def _slot_of(self, req_id: str) -> int:
+        if req_id not in self.slot:
+            used = set(self.slot.values())
+            self.slot[req_id] = next(i for i in range(self.history.shape[0]) if i not in used)
+        return self.slot[req_id]
+
+    def record_skipped_step(self, runner: GPUModelRunner) -> None:
+        """This step's tokens got no draft K/V: note where each request's gap starts and keep
+        the tokens (on the device, where the step's inputs are) for the catch-up."""
+        self._forget_departed(runner)
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        query_start = runner.query_start_loc.np[: num_reqs + 1]
+        counts = np.diff(query_start)
+        slots = np.empty(num_reqs, dtype=np.int64)
+        for row, req_id in enumerate(batch.req_ids[:num_reqs]):
+            first = int(batch.num_computed_tokens_cpu[row])
+            self.stale_from[req_id] = min(self.stale_from.get(req_id, first), first)
+            slots[row] = self._slot_of(req_id)
+        num_tokens = int(query_start[-1])
+        token_slots = torch.from_numpy(np.repeat(slots, counts)).to(runner.device,
+                                                                    non_blocking=True)
+        positions = runner.positions[:num_tokens].long()
+        self.history[token_slots, positions] = runner.input_ids.gpu[:num_tokens].to(torch.int32)
+        self.skipped_steps += 1
+
+    def catch_up(self, runner: GPUModelRunner) -> None:
+        """Before vLLM's draft pass: the draft K/V of every position a request skipped."""
+        self._forget_departed(runner)
+        batch = runner.input_batch
+        gaps = []  # (batch row, history row, first missing position, this step's first position)
+        for req_id, start in self.stale_from.items():
+            row = batch.req_id_to_index[req_id]
+            end = int(batch.num_computed_tokens_cpu[row])
+            if start < end:
+                gaps.append((row, self.slot[req_id], start, end))
+        self.stale_from.clear()  # vLLM's pass covers this step's tokens for every request
+        while gaps:
+            # One piece per request per pass, within the engine's token budget.
+            pieces, budget, rest = [], self.max_tokens, []
+            for row, slot, start, end in gaps:
+                take = min(end - start, budget)
+                if take > 0:
+                    pieces.append((row, slot, start, start + take))
+                    budget -= take
+                if start + take < end:
+                    rest.append((row, slot, start + take, end))
+            self._draft_pass(runner, pieces)
+            gaps = rest
+
+    def _draft_pass(self, runner: GPUModelRunner, pieces: list[tuple[int, int, int, int]]
+                    ) -> None:
+        drafter, device = runner.drafter, runner.device
+        rows = np.array([p[0] for p in pieces], dtype=np.int64)
+        slots = np.array([p[1] for p in pieces], dtype=np.int64)
+        starts = np.array([p[2] for p in pieces], dtype=np.int64)
+        ends = np.array([p[3] for p in pieces], dtype=np.int64)
+        lengths = ends - starts
+        query_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        num_tokens = int(query_start[-1])
+        positions_np = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+        table = runner.input_batch.block_table[0]
+        block_ids = table.get_numpy_array()[np.repeat(rows, lengths),
+                                            positions_np // table.block_size]
+        slot_mapping_np = block_ids * table.block_size + positions_np % table.block_size
+
+        def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device, dtype=dtype,
+                                                                    non_blocking=True)
+
+        positions = to_device(positions_np, torch.int64)
+        token_slots = to_device(np.repeat(slots, lengths), torch.int64)
+        input_ids = self.history[token_slots, positions]
+        slot_mapping = to_device(slot_mapping_np, torch.int64)
+        metadata = CommonAttentionMetadata(
+            query_start_loc=to_device(query_start, torch.int32),
+            query_start_loc_cpu=torch.from_numpy(query_start),
+            seq_lens=to_device(ends, torch.int32),
+            _seq_lens_cpu=torch.from_numpy(ends.astype(np.int32)),
+            _num_computed_tokens_cpu=torch.from_numpy(starts.astype(np.int32)),
+            num_reqs=len(pieces),
+            num_actual_tokens=num_tokens,
+            max_query_len=int(lengths.max()),
+            max_seq_len=int(ends.max()),
+            block_table_tensor=table.get_device_tensor(runner.input_batch.num_reqs)[
+                to_device(rows, torch.int64)],
+            slot_mapping=slot_mapping,
+            causal=True,
+            positions=positions,
+        )
+        _, per_layer = drafter.build_per_group_and_layer_attn_metadata(metadata)
+        with set_forward_context(
+            per_layer, runner.vllm_config, num_tokens=num_tokens,
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            slot_mapping={name: slot_mapping for name in drafter._draft_attn_layer_names},
+        ):
+            drafter.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
+        self.caught_up_tokens += num_tokens
+
+
+def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
+    state = getattr(runner, STATE_ATTR, None)
+    if state is None:
+        config = config_from_additional(runner.vllm_config.additional_config)
+        parallel = runner.vllm_config.parallel_config
+        speculative = runner.speculative_config
+        wanted = (
+            config.scv != "off"
+            and speculative is not None and speculative.method == "draft_model"
+            and len(runner.kv_cache_config.kv_cache_groups) == 1
+            and parallel.decode_context_parallel_size == 1
+            and parallel.pipeline_parallel_size == 1
+        )
+        state = LazyDraftSync(runner) if wanted else False
+        setattr(runner, STATE_ATTR, state)
+        if state:
+            logger.info("Lazy draft sync: chunk-0 steps skip the draft model, which catches "
+                        "up before a request is drafted again")
+    return state or None
+
+
+def _wrap_propose_draft_token_ids(propose_draft_token_ids):
+    def wrapper(self, scheduler_output, *args, **kwargs):
+        state = _state(self)
+        if state is not None:
+            try:
+                if scheduler_output.num_spec_tokens_to_schedule == 0:
+                    state.record_skipped_step(self)
+                    return torch.empty((self.input_batch.num_reqs, 0), dtype=torch.int64,
+                                       device=self.device)
+                state.catch_up(self)
+            except Exception:
+                # Output never depends on the draft's KV (the target verifies every draft):
+                # requests still behind draft from an incomplete context until they finish.
+                logger.warning("Lazy draft sync failed; the draft model now runs on every "
+                               "step", exc_info=True)
+                setattr(self, STATE_ATTR, False)
+        return propose_draft_token_ids(self, scheduler_output, *args, **kwargs)
+
+    return wrapper
+
+
+PATCHES = [
+    Patch(
+        GPUModelRunner,
+        "propose_draft_token_ids",
+        _wrap_propose_draft_token_ids,
+        why="With SCV and draft_model: skip the draft model on steps with draft budget 0 and "
+        "write the skipped positions' draft K/V before a request is drafted again. Retired by "
+        "a drafter hook that defers its KV sync.",
+    ),
+]
