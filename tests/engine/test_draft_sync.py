@@ -20,9 +20,9 @@ from vllm_nwor.patches.draft_sync import STATE_ATTR, LazyDraftSync
 HELD_AT_ZERO = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 4}
 
 
-def run(tiny_models, lazy: bool, fail_catch_up: bool = False) -> dict:
+def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:
     target, draft = tiny_models
-    with engine(target, spec_config("draft_model", draft, **HELD_AT_ZERO)) as llm:
+    with engine(target, spec_config("draft_model", draft, **HELD_AT_ZERO, **keys)) as llm:
         if not lazy:
             setattr(runner_of(llm), STATE_ATTR, False)  # vLLM's pass on every step
         if fail_catch_up:
@@ -51,6 +51,15 @@ def runs(tiny_models):
     return {"lazy": run(tiny_models, lazy=True), "every_step": run(tiny_models, lazy=False)}
 
 
+@pytest.fixture(scope="module")
+def windowed_runs(tiny_models):
+    """With a draft context window shorter than most requests: the catch-up attends through
+    the same sliding window as vLLM's pass."""
+    window = {"draft_context_window": 32}
+    return {"lazy": run(tiny_models, lazy=True, **window),
+            "every_step": run(tiny_models, lazy=False, **window)}
+
+
 def test_the_draft_model_is_skipped_and_caught_up(runs):
     lazy = runs["lazy"]
     assert lazy["skipped_steps"] > 20
@@ -59,8 +68,10 @@ def test_the_draft_model_is_skipped_and_caught_up(runs):
     assert runs["every_step"]["skipped_steps"] == 0
 
 
-def test_drafts_after_a_catch_up_are_those_of_a_draft_that_never_skipped(runs):
-    lazy, every_step = runs["lazy"], runs["every_step"]
+@pytest.mark.parametrize("which", ["runs", "windowed_runs"])
+def test_drafts_after_a_catch_up_are_those_of_a_draft_that_never_skipped(which, request):
+    lazy, every_step = (request.getfixturevalue(which)[k] for k in ("lazy", "every_step"))
+    assert lazy["skipped_steps"] > 20
     assert lazy["acceptance"] == every_step["acceptance"]
     probes = [a for per_request in lazy["acceptance"] for a in per_request]
     assert len(probes) > 20 and 0 < sum(probes) < len(probes)  # probes accept and reject
