@@ -64,17 +64,24 @@ class AcceptanceEstimator:
     A chunk of size ``c`` with ``n`` accepted is ``n`` acceptances, plus one rejection when
     ``n < c``. Every step (:meth:`tick`) multiplies all counts by ``1 - 1/window``, whether the
     request verified anything or not, so a request idling at chunk 0 sheds its old rejections
-    and a probe can bring it back. The Jeffreys prior (half an acceptance, half a rejection)
-    starts a new request at 0.5 without keeping a request that never accepts far from 0.
+    and a probe can bring it back. The prior is worth one observation: the engine's recent
+    acceptance over all requests (the same counts, pooled and forgetting alike; the Jeffreys
+    prior, half an acceptance and half a rejection, for the pool), so a new request starts
+    where the traffic is and a request that never accepts is not kept far from 0.
     """
 
     def __init__(self, window: int) -> None:
         self.decay = 1.0 - 1.0 / window
         self._step = 0
         self._counts: dict[str, tuple[float, float, int]] = {}
+        self._pool = (0.0, 0.0)  # all requests' accepted and rejected counts, decayed
+        self._prior = 0.5
 
     def tick(self) -> None:
         self._step += 1
+        accepted, rejected = self._pool
+        self._pool = (accepted * self.decay, rejected * self.decay)
+        self._prior = (self._pool[0] + 0.5) / (sum(self._pool) + 1.0)
 
     def _decayed(self, req_id: str) -> tuple[float, float]:
         accepted, rejected, last = self._counts.get(req_id, (0.0, 0.0, self._step))
@@ -85,10 +92,11 @@ class AcceptanceEstimator:
         old_accepted, old_rejected = self._decayed(req_id)
         rejected = 1.0 if accepted < size else 0.0
         self._counts[req_id] = (old_accepted + accepted, old_rejected + rejected, self._step)
+        self._pool = (self._pool[0] + accepted, self._pool[1] + rejected)
 
     def rate(self, req_id: str) -> float:
         accepted, rejected = self._decayed(req_id)
-        return (accepted + 0.5) / (accepted + rejected + 1.0)
+        return (accepted + self._prior) / (accepted + rejected + 1.0)
 
     def forget(self, req_id: str) -> None:
         self._counts.pop(req_id, None)

@@ -81,7 +81,21 @@ def test_acceptance_estimator(history, low, high):
         estimator.tick()
         estimator.observe("r", size, accepted)
     assert low <= estimator.rate("r") <= high
-    assert estimator.rate("unseen") == 0.5
+    # A new request starts from the traffic's recent acceptance (here request r's alone).
+    assert low - 0.05 <= estimator.rate("unseen") <= high
+
+
+def test_a_new_request_starts_at_one_half_without_traffic_and_at_the_traffics_rate_with_it():
+    estimator = AcceptanceEstimator(window=16)
+    assert estimator.rate("first") == 0.5
+    for _ in range(40):  # eight requests that never accept
+        estimator.tick()
+        for r in range(8):
+            estimator.observe(f"r{r}", 4, 0)
+    assert estimator.rate("new") < 0.05
+    for _ in range(200):  # no observations for a long time: back to the uninformed prior
+        estimator.tick()
+    assert estimator.rate("newer") == pytest.approx(0.5, abs=0.01)
 
 
 def test_cost_model_recovers_a_linear_step_time():
