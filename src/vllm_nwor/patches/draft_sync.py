@@ -16,10 +16,11 @@ K/V (through the same layers and the same slots vLLM's pass would use) before vL
 request that stays at chunk 0 costs the draft nothing; one that comes back pays the pass it
 skipped, once, batched with the others.
 
-Not with several KV-cache groups, context parallelism or pipeline parallelism: there the step
-keeps vLLM's pass. If recording or catching up ever fails, the runner logs it and keeps vLLM's
-pass from then on; output is unchanged either way (the target verifies every draft), only the
-acceptance of requests that were behind suffers until they finish.
+Not with several KV-cache groups, context or pipeline parallelism, multimodal or M-RoPE
+positions, or a draft with its own vocabulary: there the step keeps vLLM's pass. If recording or
+catching up ever fails, the runner logs it and keeps vLLM's pass from then on; output is
+unchanged either way (the target verifies every draft), only the acceptance of requests that
+were behind suffers until they finish.
 """
 
 from __future__ import annotations
@@ -173,6 +174,10 @@ def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
             and len(runner.kv_cache_config.kv_cache_groups) == 1
             and parallel.decode_context_parallel_size == 1
             and parallel.pipeline_parallel_size == 1
+            # The catch-up feeds the target's token ids and 1-D positions to the draft as is.
+            and not runner.uses_mrope and not runner.uses_xdrope_dim
+            and not getattr(runner.drafter, "supports_mm_inputs", False)
+            and not getattr(runner.drafter, "use_heterogeneous_vocab", False)
         )
         state = LazyDraftSync(runner) if wanted else False
         setattr(runner, STATE_ATTR, state)
