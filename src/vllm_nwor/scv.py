@@ -77,6 +77,11 @@ class AcceptanceEstimator:
         self._pool = (0.0, 0.0)  # all requests' accepted and rejected counts, decayed
         self._prior = 0.5
 
+    @property
+    def steps(self) -> int:
+        """Ticks so far: the scheduler steps the policy has planned."""
+        return self._step
+
     def tick(self) -> None:
         self._step += 1
         accepted, rejected = self._pool
@@ -172,7 +177,6 @@ class ChunkPolicy:
         self._awaiting_probe: set[str] = set()  # planned, verdict not seen yet
         self._idle_steps: dict[str, int] = {}
         self._probe_wait: dict[str, int] = {}
-        self._steps = 0
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -210,7 +214,6 @@ class ChunkPolicy:
         """
         k = self.settings.max_chunk
         self._probes = set()
-        self._steps += 1
         self.acceptance.tick()
         if self.settings.mode == "fixed":
             self._plan = dict.fromkeys(req_ids, k)
@@ -224,7 +227,7 @@ class ChunkPolicy:
         rates = np.array([self.acceptance.rate(r) for r in req_ids])
         sizes = choose_sizes(rates, k, *self.cost.coefficients)
         # Probes ride on a step that drafts anyway, or on the shared probe step.
-        probe_now = sizes.any() or self._steps % self.settings.probe_interval == 0
+        probe_now = sizes.any() or self.acceptance.steps % self.settings.probe_interval == 0
         plan = {}
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
             idle = self._idle_steps.get(req_id, 0) + 1 if size == 0 else 0
