@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import environment, write_result  # noqa: E402
+from common import CPU_ENGINE, environment, write_result  # noqa: E402
 
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 ENGINES = ("no_spec", "vllm_k0", "scv_chunk0")
@@ -86,10 +86,7 @@ def engine_main(conn, name: str, target: str, draft: str, batch: int, k: int,
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=target, speculative_config=speculative_config(name, draft, k),
-              skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
-              max_num_seqs=batch, max_num_batched_tokens=2048, enforce_eager=True,
-              gpu_memory_utilization=0.3, disable_log_stats=False, enable_prefix_caching=False,
-              seed=0)
+              max_num_seqs=batch, **CPU_ENGINE)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": [(7 * i + 13 * j) % 500 + 2 for j in range(32)]}
                for i in range(batch)]

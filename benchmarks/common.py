@@ -11,6 +11,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 
+# The CPU benchmarks' engine (chunk0_cpu_profile.py, scv_cpu.py): a tiny model in fp32, eager,
+# every batch in one step's token budget; add model, speculative_config and max_num_seqs.
+CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
+                  max_num_batched_tokens=2048, enforce_eager=True, gpu_memory_utilization=0.3,
+                  disable_log_stats=False, enable_prefix_caching=False, seed=0)
+
 
 def git_commit() -> str:
     """HEAD of this checkout; NWOR_COMMIT where the tree travelled without .git (GPU machine)."""

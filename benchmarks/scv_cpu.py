@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import environment, write_result  # noqa: E402
+from common import CPU_ENGINE, environment, write_result  # noqa: E402
 from scv_bench import workloads  # noqa: E402
 
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "scv")
@@ -45,10 +45,7 @@ def engine_main(conn, policy: str, target: str, draft: str, batch: int, max_toke
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=target, speculative_config=speculative_config(policy, draft),
-              skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
-              max_num_seqs=batch, max_num_batched_tokens=2048, enforce_eager=True,
-              gpu_memory_utilization=0.3, disable_log_stats=False, enable_prefix_caching=False,
-              seed=0)
+              max_num_seqs=batch, **CPU_ENGINE)
     conn.send("ready")
     while (message := conn.recv()) != "stop":
         prompts, rates = message
