@@ -10,6 +10,7 @@ draft pass on chunk-0 steps: lazy draft sync off).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -50,6 +51,26 @@ def _limited_copy(draft: str, max_positions: int) -> str:
     return str(copy)
 
 
+def record_dispatches(runner) -> dict[str, int]:
+    """Counts the target's graph modes by batch shape from now on: ``"<q>:<mode>"`` for uniform
+    batches of ``q`` tokens per request, ``"mixed:<mode>"`` for the others."""
+    counts: dict[str, int] = {}
+    determine = runner._determine_batch_execution_and_padding
+    signature = inspect.signature(determine)
+
+    def recording(*args, **kwargs):
+        result = determine(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        query_len = bound["max_num_scheduled_tokens"]
+        uniform = bound["num_tokens"] == query_len * bound["num_reqs"]
+        key = f"{query_len if uniform else 'mixed'}:{result[0].name}"
+        counts[key] = counts.get(key, 0) + 1
+        return result
+
+    runner._determine_batch_execution_and_padding = recording
+    return counts
+
+
 def main(spec: dict, out_path: str) -> None:
     audit, inject_every = spec.get("audit", False), spec.get("inject_every", 0)
     if spec["method"] == "ngram":
@@ -84,6 +105,7 @@ def main(spec: dict, out_path: str) -> None:
             commit_fn(buffer, slots)
 
         interceptor.commit_fn = flaky_commit
+    dispatches = record_dispatches(runner)
     params = SamplingParams(max_tokens=spec.get("max_tokens", 40), temperature=0.0,
                             ignore_eos=True)
     prompts = spec.get("prompts", PROMPTS)
@@ -100,6 +122,7 @@ def main(spec: dict, out_path: str) -> None:
         "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
         "counters": counters.as_dict() if counters else None,
         "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
+        "dispatches": dispatches,
         "attention_impl": type(layers[0].impl).__name__,
         "async_scheduling": bool(runner.use_async_scheduling),
         "audit": None if cache_audit is None else {

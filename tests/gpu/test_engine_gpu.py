@@ -126,6 +126,26 @@ def test_lazy_draft_sync_drafts_as_if_the_draft_never_skipped(models, tmp_path, 
     print("token agreement lazy vs every step:", agreement(lazy["tokens"], every_step["tokens"]))
 
 
+def test_scv_chunk_sizes_replay_full_decode_graphs(models, tmp_path):
+    """Uniform batches of SCV's chunk sizes replay FULL graphs (patches/decode_graphs.py): SCV
+    fixed at 2 of k = 4 drafts (3 tokens per request; vLLM's own graphs are for 5), and held at
+    chunk 0 (1 token). Greedy tokens are compared with vLLM's k = 2, whose FULL graphs are its
+    own; bf16 sums in other orders in other graphs, so agreement is printed and must be high."""
+    two = probe(models, tmp_path, "draft_model", False, speculative={
+        "num_speculative_tokens": 4, "scv": "fixed", "scv_chunk_size": 2})
+    zero = probe(models, tmp_path, "draft_model", False, speculative={
+        "scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000})
+    vllm_k2 = probe(models, tmp_path, "draft_model", False,
+                    speculative={"num_speculative_tokens": 2})
+    print("dispatches:", two["dispatches"], zero["dispatches"], vllm_k2["dispatches"])
+    assert two["dispatches"].get("3:FULL", 0) > 10
+    assert two["dispatches"].get("3:PIECEWISE", 0) == 0
+    assert zero["dispatches"].get("1:FULL", 0) > 10
+    assert vllm_k2["dispatches"].get("3:FULL", 0) > 10
+    print("token agreement SCV chunk 2 vs vLLM k=2:", agreement(two["tokens"], vllm_k2["tokens"]))
+    assert agreement(two["tokens"], vllm_k2["tokens"]) > 0.9
+
+
 def test_draft_window_keeps_a_long_request_from_dropping_the_batch(models, tmp_path):
     """The draft is told it handles 128 positions; one request of four is 300 tokens long."""
     prompts = [[(7 * i + 13 * j) % 500 + 2 for j in range(n)]

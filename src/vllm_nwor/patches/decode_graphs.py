@@ -1,19 +1,23 @@
-"""FULL CUDA graphs for SCV's plain-decoding steps (every request at chunk 0).
+"""FULL CUDA graphs for SCV's decode batches of every chunk size, not only vLLM's ``1 + k``.
 
 With speculative decoding, vLLM 0.26 captures its FULL decode graphs for batches whose requests
-all have ``1 + k`` tokens (``uniform_decode_query_len``). When SCV gives every request of a step
-chunk 0 (draft budget 0), each request has one token, the batch is not "uniform decode", and the
-target model runs PIECEWISE: attention and the KV update leave the graph, 32 layers of them each
-step. Measured on an H200 (``benchmarks/results/scv_step_profile_2026-11-21_h200.json``): at
-batch 1 such a step took about twice as long as the same step without speculation, so no
-choice of chunks could keep up with plain decoding.
+all have ``1 + k`` tokens (``uniform_decode_query_len``), in sizes that are multiples of
+``1 + k``. SCV's draft budget ``D`` varies from step to step, so a batch where every request
+verifies ``D < k`` drafts (``1 + D`` tokens each; ``D = 0`` is plain decoding) is uniform but
+not vLLM's shape, and the target model runs PIECEWISE: attention and the KV update leave the
+graph, 32 layers of them each step. Measured on an H200
+(``benchmarks/results/scv_step_profile_2026-11-21_h200.json``): at batch 1 a chunk-0 step took
+about twice as long as the same step without speculation.
 
-When SCV is on and vLLM resolved FULL decode graphs (``FULL_AND_PIECEWISE``), this captures a
-second set of FULL decode graphs for one token per request, next to vLLM's own, and replays them
-for batches of one token per request. Their keys (``num_tokens == num_reqs``, uniform) differ
-from vLLM's (``num_tokens == (1 + k) * num_reqs``). Capture and dispatch run vLLM's own code
-with ``uniform_decode_query_len`` set to 1 for the duration of the call, exactly what vLLM does
-without speculation. If capturing them fails, they are dropped and such batches stay PIECEWISE.
+When SCV is on and vLLM resolved FULL decode graphs (``FULL_AND_PIECEWISE``), this captures FULL
+decode graphs for every query length ``q`` from 1 to ``min(1 + scv_chunk_size, k)``, next to
+vLLM's own, and replays them for uniform batches of ``q`` tokens per request. For each ``q`` the
+graph sizes are vLLM's capture sizes rounded up to multiples of ``q`` (a batch of ``q``-token
+requests is padded to the next of them, with padding requests, as vLLM pads its own). The
+keys (``num_reqs == num_tokens / q``, uniform) differ from vLLM's and from each other. Capture and dispatch run vLLM's own code with
+``uniform_decode_query_len`` set to ``q`` and the dispatcher's padding table set to ``q``'s
+sizes for the duration of the call. If capturing fails, the extra graphs are dropped and such
+batches run PIECEWISE, as without this patch.
 """
 
 from __future__ import annotations
@@ -30,20 +34,33 @@ from vllm_nwor.patches._patch import Patch
 
 logger = get_logger(__name__)
 
-KEYS_ATTR = "_nwor_single_token_keys"
+KEYS_ATTR = "_nwor_decode_graph_keys"
 """On the runner: the descriptors of the extra FULL graphs (empty set when there are none)."""
+PADDING_ATTR = "_nwor_decode_graph_padding"
+"""On the runner: ``{q: padding table}``, the dispatcher's ``_bs_to_padded_graph_size`` for
+batches of ``q`` tokens per request (the smallest graph size ``q`` divides; 0 past the last)."""
 
 
 @contextmanager
-def single_token_decode(runner: GPUModelRunner):
-    """vLLM's decode-graph logic, for the duration, as if there were no speculation."""
+def decode_query_len(runner: GPUModelRunner, query_len: int):
+    """vLLM's decode-graph logic, for the duration, as if ``1 + k`` were ``query_len``."""
     dispatcher = runner.cudagraph_dispatcher
-    saved = runner.uniform_decode_query_len, dispatcher.uniform_decode_query_len
-    runner.uniform_decode_query_len = dispatcher.uniform_decode_query_len = 1
+    saved = (runner.uniform_decode_query_len, dispatcher.uniform_decode_query_len,
+             dispatcher._bs_to_padded_graph_size)
+    runner.uniform_decode_query_len = dispatcher.uniform_decode_query_len = query_len
+    dispatcher._bs_to_padded_graph_size = getattr(runner, PADDING_ATTR)[query_len]
     try:
         yield
     finally:
-        runner.uniform_decode_query_len, dispatcher.uniform_decode_query_len = saved
+        (runner.uniform_decode_query_len, dispatcher.uniform_decode_query_len,
+         dispatcher._bs_to_padded_graph_size) = saved
+
+
+def _query_lens(runner: GPUModelRunner) -> range:
+    """The query lengths SCV's uniform batches can have besides vLLM's ``1 + k``."""
+    config = config_from_additional(runner.vllm_config.additional_config)
+    k = runner.uniform_decode_query_len - 1
+    return range(1, min(1 + (config.scv_chunk_size or k), k) + 1)
 
 
 def _wanted(runner: GPUModelRunner) -> bool:
@@ -61,23 +78,48 @@ def _wanted(runner: GPUModelRunner) -> bool:
     )
 
 
+def graph_sizes(capture_sizes: list[int], query_len: int, max_size: int,
+                max_num_seqs: int) -> list[int]:
+    """The sizes (tokens) of the FULL graphs for ``query_len`` tokens per request: vLLM's
+    capture sizes, each rounded up to a multiple of ``query_len``, within vLLM's largest size
+    and ``max_num_seqs`` requests."""
+    rounded = {-(-size // query_len) * query_len for size in capture_sizes}
+    return sorted(s for s in rounded if s <= max_size and s // query_len <= max_num_seqs)
+
+
+def padding_table(sizes: list[int], max_size: int) -> list[int]:
+    """``table[n]``: the smallest of ``sizes`` that is at least ``n``; 0 past the largest."""
+    table = [0] * (max_size + 1)
+    for size in sorted(sizes, reverse=True):
+        table[:size + 1] = [size] * (size + 1)
+    return table
+
+
 def _wrap_check_and_update_cudagraph_mode(check_and_update):
     def wrapper(self, *args, **kwargs):
         check_and_update(self, *args, **kwargs)
         keys: set = set()
+        tables: dict[int, list[int]] = {}
         if _wanted(self):
             dispatcher = self.cudagraph_dispatcher
             max_num_seqs = self.vllm_config.scheduler_config.max_num_seqs
-            sizes = self.compilation_config.cudagraph_capture_sizes or []
-            with single_token_decode(self):
-                for size in sizes:
-                    if size <= max_num_seqs:
+            sizes = list(self.compilation_config.cudagraph_capture_sizes or [])
+            max_size = self.compilation_config.max_cudagraph_capture_size or 0
+            by_query_len = {q: graph_sizes(sizes, q, max_size, max_num_seqs)
+                            for q in _query_lens(self)}
+            tables = {q: padding_table(s, max_size) for q, s in by_query_len.items()}
+            setattr(self, PADDING_ATTR, tables)
+            for query_len, graph_sizes_q in by_query_len.items():
+                with decode_query_len(self, query_len):
+                    for size in graph_sizes_q:
                         keys.add(dispatcher._create_padded_batch_descriptor(size, True, False))
-            keys = {k for k in keys if k.uniform and k.num_reqs == k.num_tokens}
+            keys = {k for k in keys if k.uniform}
             for key in keys:
                 dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
-            logger.info("SCV: %d FULL decode graphs for steps at chunk 0 (one token per "
-                        "request)", len(keys))
+            logger.info("SCV: %d FULL decode graphs for %d to %d tokens per request, besides "
+                        "vLLM's %d", len(keys), min(tables, default=0), max(tables, default=0),
+                        self.uniform_decode_query_len)
+        setattr(self, PADDING_ATTR, tables)
         setattr(self, KEYS_ATTR, keys)
 
     return wrapper
@@ -87,8 +129,8 @@ def _drop_keys(runner: GPUModelRunner, error: BaseException) -> None:
     keys = getattr(runner, KEYS_ATTR, set())
     runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL] -= keys
     setattr(runner, KEYS_ATTR, set())
-    logger.warning("SCV: capturing FULL graphs for steps at chunk 0 failed (%s); such steps "
-                   "run PIECEWISE", error)
+    logger.warning("SCV: capturing FULL decode graphs for SCV's chunk sizes failed (%s); "
+                   "such steps run PIECEWISE", error)
 
 
 def _wrap_warmup_and_capture(warmup_and_capture):
@@ -96,7 +138,7 @@ def _wrap_warmup_and_capture(warmup_and_capture):
         if desc not in getattr(self, KEYS_ATTR, ()):
             return warmup_and_capture(self, desc, *args, **kwargs)
         try:
-            with single_token_decode(self):
+            with decode_query_len(self, desc.num_tokens // desc.num_reqs):
                 return warmup_and_capture(self, desc, *args, **kwargs)
         except Exception as error:  # the extra graphs are an optimisation: never fatal
             _drop_keys(self, error)
@@ -105,16 +147,31 @@ def _wrap_warmup_and_capture(warmup_and_capture):
     return wrapper
 
 
+def graph_query_len(runner: GPUModelRunner, num_tokens: int, num_reqs: int,
+                    max_num_scheduled_tokens: int) -> int | None:
+    """The query length of the extra graphs a batch replays, or None (vLLM decides)."""
+    if not getattr(runner, KEYS_ATTR, None):
+        return None
+    query_len = max_num_scheduled_tokens
+    table = getattr(runner, PADDING_ATTR).get(query_len)
+    if (table is None or num_tokens != query_len * num_reqs or num_tokens >= len(table)
+            or not table[num_tokens]):
+        return None
+    return query_len
+
+
 def _wrap_determine_batch_execution_and_padding(determine):
     signature = inspect.signature(determine)
 
     def wrapper(self, *args, **kwargs):
         if getattr(self, KEYS_ATTR, None):
             bound = signature.bind(self, *args, **kwargs).arguments
-            if (bound.get("force_uniform_decode") is None
-                    and bound["max_num_scheduled_tokens"] == 1
-                    and bound["num_tokens"] == bound["num_reqs"]):
-                with single_token_decode(self):
+            query_len = None
+            if bound.get("force_uniform_decode") is None:
+                query_len = graph_query_len(self, bound["num_tokens"], bound["num_reqs"],
+                                            bound["max_num_scheduled_tokens"])
+            if query_len is not None:
+                with decode_query_len(self, query_len):
                     return determine(self, *args, **kwargs)
         return determine(self, *args, **kwargs)
 
@@ -126,20 +183,20 @@ PATCHES = [
         GPUModelRunner,
         "_check_and_update_cudagraph_mode",
         _wrap_check_and_update_cudagraph_mode,
-        why="With SCV on, add FULL decode-graph keys for one token per request (steps at "
-        "chunk 0). Retired by vLLM capturing decode graphs for every query length the "
+        why="With SCV on, add FULL decode-graph keys for every chunk size SCV can give a "
+        "whole batch (1 to k tokens per request). Retired by vLLM capturing decode graphs for every query length the "
         "scheduler can produce.",
     ),
     Patch(
         GPUModelRunner,
         "_warmup_and_capture",
         _wrap_warmup_and_capture,
-        why="Capture those graphs with vLLM's own capture path, query length 1.",
+        why="Capture those graphs with vLLM's own capture path, at their query length.",
     ),
     Patch(
         GPUModelRunner,
         "_determine_batch_execution_and_padding",
         _wrap_determine_batch_execution_and_padding,
-        why="Dispatch batches of one token per request to those graphs.",
+        why="Dispatch uniform batches of those query lengths to those graphs.",
     ),
 ]
