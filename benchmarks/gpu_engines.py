@@ -103,6 +103,17 @@ def engine_main(conn, kwargs: dict) -> None:
             "fallbacks": counters.fallbacks if counters else {},
         }
 
+    def scv_state() -> dict | None:
+        """SCV's choices so far (benchmark diagnostics): steps by draft budget, uniform plans,
+        and the cost model's current coefficients."""
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        policy = getattr(scheduler, "_nwor_scv", None)
+        if policy is None:
+            return None
+        return {"budget_counts": list(policy.budget_counts),
+                "uniform_plans": policy.uniform_plans,
+                "coefficients": [float(c) for c in policy.cost.coefficients]}
+
     conn.send("ready")
     while True:
         message = conn.recv()
@@ -122,7 +133,7 @@ def engine_main(conn, kwargs: dict) -> None:
             profiler.__enter__()
             python_profiler = cProfile.Profile()
             python_profiler.enable()
-        before = snapshot()
+        before, scv_before = snapshot(), scv_state()
         start = time.perf_counter()
         if concurrency is None:
             outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
@@ -138,7 +149,13 @@ def engine_main(conn, kwargs: dict) -> None:
             tables = {key: averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
                       for key in ("self_cpu_time_total", "self_cuda_time_total")}
             tables.update(python_tables(python_profiler))
-        after = snapshot()
+        after, scv_after = snapshot(), scv_state()
+        scv = None
+        if scv_after is not None:
+            scv = {"budget_counts": [x - y for x, y in zip(scv_after["budget_counts"],
+                                                            scv_before["budget_counts"])],
+                   "uniform_plans": scv_after["uniform_plans"] - scv_before["uniform_plans"],
+                   "coefficients": scv_after["coefficients"]}
         itls = []
         for o in outputs:
             m, n = o.metrics, len(o.outputs[0].token_ids)
@@ -153,6 +170,7 @@ def engine_main(conn, kwargs: dict) -> None:
             "rejected_by_nwor": after["rejected_by_nwor"] - before["rejected_by_nwor"],
             "fallbacks": after["fallbacks"],
             "profile": tables,
+            "scv": scv,
         })
 
 

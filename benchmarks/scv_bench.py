@@ -116,6 +116,12 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                            "tok_s": round(statistics.median(
                                tokens_per_second(r) for r in runs[policy]), 1),
                            "acceptance": round(accepted / drafted, 4) if drafted else None}
+                    scv = [r["scv"] for r in runs[policy] if r.get("scv")]
+                    if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
+                        row["scv_budget_counts"] = [sum(c) for c in zip(
+                            *(x["budget_counts"] for x in scv))]
+                        row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
+                        row["scv_cost_coefficients"] = scv[-1]["coefficients"]
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:
@@ -135,10 +141,17 @@ def merge(jsonl: Path, result: Path) -> None:
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}
+    acceptance: dict[tuple[int, str], dict[str, float | None]] = {}
+    choices: dict[tuple[int, str], list[dict]] = {}
     for record in records:
         tables: dict[tuple[int, str], dict[str, float]] = {}
         for row in record["rows"]:
-            tables.setdefault((row["batch"], row["workload"]), {})[row["policy"]] = row["tok_s"]
+            key = (row["batch"], row["workload"])
+            tables.setdefault(key, {})[row["policy"]] = row["tok_s"]
+            acceptance.setdefault(key, {})[row["policy"]] = row.get("acceptance")
+            if "scv_budget_counts" in row:
+                choices.setdefault(key, []).append(
+                    {k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")})
         for key, tok_s in tables.items():
             groups.setdefault(key, []).append(tok_s)
     cells = []
@@ -155,7 +168,9 @@ def merge(jsonl: Path, result: Path) -> None:
             tok_s["scv"] = round(statistics.mean(scv), 1)
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
                       "scv_over_best_other": min(ratios) if ratios else None,
-                      "scv_over_best_other_by_group": ratios, "groups": group_tables})
+                      "scv_over_best_other_by_group": ratios, "groups": group_tables,
+                      "acceptance": acceptance.get((batch, workload), {}),
+                      "scv_choices_by_group": choices.get((batch, workload), [])})
     payload = {**recorded_environment(jsonl), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
                             "output_len": OUTPUT_LEN,

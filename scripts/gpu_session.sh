@@ -23,19 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# Lazy draft sync (docs/scv.md) first checked by the GPU tests, then the SCV benchmark in groups
-# that fit one GPU side by side, each with SCV in it, and the chunk-0 profiles: vLLM's own k=0
-# paths (draft_model, ngram_gpu) beside SCV held at chunk 0 and no speculation.
-stream0() {
-  step gpu_tests tests
-  step scv_profile scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
-    --batches 1 128 --profile-batches 1 128
-}
+# The GPU tests (lazy draft sync, FULL decode graphs for every SCV chunk size, the rest), the SCV
+# benchmark in groups that fit one GPU side by side, each with SCV in it, then the chunk-0
+# profile: vLLM's own k=0 path beside SCV held at chunk 0 and no speculation.
+stream0() { step gpu_tests tests; }
 stream1() { step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2; }
 stream2() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
 stream3() {
   step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2
-  step scv_profile_ngram scv_step_profile --engines no_spec vllm_ngram_k0 \
+  step scv_profile scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
     --batches 1 128 --profile-batches 1 128
 }
 

@@ -17,13 +17,17 @@ probe
 The policy maximises the batch's expected output rate. A request's drafts are accepted in
 sequence; with a per-draft acceptance probability ``a`` (estimated per request from its own
 history, forgetting old steps), a chunk of size ``c`` yields ``1 + a + ... + a**c`` tokens. A
-step costs ``T = fixed + per_token * scheduled_tokens + per_draft * proposed_drafts`` seconds, a
-linear model fitted online to the engine's own step times: nothing is hand-tuned. At low
+step costs ``T = fixed + per_token * scheduled_tokens + per_draft * proposed_drafts
++ per_mixed * [the batch is not uniform]`` seconds, a linear model fitted online to the
+engine's own step times: nothing is hand-tuned. The last term is what leaving the FULL CUDA
+graphs costs: a batch whose requests all verify the same number of drafts replays one
+(``patches/decode_graphs.py``), a batch of mixed chunk sizes runs PIECEWISE. At low
 concurrency ``per_token`` is small and long chunks pay; at high concurrency it is large and they
 do not. Each request's ``j``-th draft is verified when ``a**j`` exceeds what its verification
 time would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
 batch (the draft budget ``D``), so ``D`` is chosen by evaluating the batch's rate for each
-``D`` in ``[0, max_chunk]``; each request then verifies ``min(D, its own limit)``.
+``D`` in ``[0, max_chunk]``; each request then verifies ``min(D, its own limit)``, or, where
+that is worth more once ``per_mixed`` is counted, every request verifies ``D``.
 
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """
@@ -108,11 +112,14 @@ class AcceptanceEstimator:
 
 
 class StepCostModel:
-    """``seconds = fixed + per_token * tokens + per_draft * drafted``, fitted online.
+    """``seconds = fixed + per_token * tokens + per_draft * drafted + per_mixed * mixed``.
 
-    Recursive least squares with forgetting over the engine's recent steps. ``ready`` stays
-    False until ``min_steps`` steps were seen; meanwhile the policy explores (random budgets and
-    chunk sizes), so that the three costs can be told apart.
+    ``mixed`` is 1 for a step whose requests do not all have the same number of tokens (it
+    cannot replay a FULL decode graph), else 0. Fitted online by recursive least squares with
+    forgetting over the engine's recent steps. ``ready`` stays False until ``min_steps`` steps
+    were seen; meanwhile the policy explores (random budgets, chunk sizes mixed or uniform), so
+    that the four costs can be told apart. Coefficients given by the user (``scv_cost_model``:
+    fixed, per token, per draft) are used as they are, with no cost for mixed steps.
     """
 
     def __init__(self, window: int = 256, min_steps: int = 32,
@@ -120,14 +127,15 @@ class StepCostModel:
         self.forget_factor = 1.0 - 1.0 / window
         self.min_steps = min_steps
         self.steps = 0
-        self._theta = np.zeros(3)
-        self._p = np.eye(3) * 1e3
-        self._fixed = None if fixed_coefficients is None else tuple(fixed_coefficients)
+        self._theta = np.zeros(4)
+        self._p = np.eye(4) * 1e3
+        self._fixed = (None if fixed_coefficients is None
+                       else (*tuple(fixed_coefficients)[:3], 0.0))
 
-    def observe(self, tokens: int, drafted: int, seconds: float) -> None:
+    def observe(self, tokens: int, drafted: int, seconds: float, mixed: bool = False) -> None:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
-        x = np.array([1.0, float(tokens), float(drafted)])
+        x = np.array([1.0, float(tokens), float(drafted), float(mixed)])
         px = self._p @ x
         gain = px / (self.forget_factor + x @ px)
         self._theta = self._theta + gain * (seconds - x @ self._theta)
@@ -139,12 +147,12 @@ class StepCostModel:
         return self._fixed is not None or self.steps >= self.min_steps
 
     @property
-    def coefficients(self) -> tuple[float, float, float]:
-        """(fixed, per_token, per_draft) seconds, clipped at zero."""
+    def coefficients(self) -> tuple[float, float, float, float]:
+        """(fixed, per_token, per_draft, per_mixed) seconds, clipped at zero."""
         if self._fixed is not None:
             return self._fixed
-        fixed, per_token, per_draft = (max(0.0, float(v)) for v in self._theta)
-        return fixed, per_token, per_draft
+        fixed, per_token, per_draft, per_mixed = (max(0.0, float(v)) for v in self._theta)
+        return fixed, per_token, per_draft, per_mixed
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,8 @@ class ScvSettings:
     probe_interval: int
     acceptance_window: int
     cost_model: tuple[float, float, float] | None = None
-    """(fixed, per_token, per_draft) seconds measured elsewhere; None fits them online."""
+    """(fixed, per_token, per_draft) seconds measured elsewhere; None fits them online (with
+    the cost of a mixed step)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -177,6 +186,10 @@ class ChunkPolicy:
         self._awaiting_probe: set[str] = set()  # planned, verdict not seen yet
         self._idle_steps: dict[str, int] = {}
         self._probe_wait: dict[str, int] = {}
+        self.budget_counts = [0] * (settings.max_chunk + 1)
+        """Planned steps by draft budget (diagnostics)."""
+        self.uniform_plans = 0
+        """Planned steps where every request got the same chunk (diagnostics)."""
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -195,8 +208,9 @@ class ChunkPolicy:
                     interval if chunk.accepted else min(8 * interval, 2 * wait)
                 )
 
-    def observe_step(self, tokens: int, drafted: int, seconds: float) -> None:
-        self.cost.observe(tokens, drafted, seconds)
+    def observe_step(self, tokens: int, drafted: int, seconds: float,
+                     mixed: bool = False) -> None:
+        self.cost.observe(tokens, drafted, seconds, mixed)
 
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)
@@ -212,18 +226,26 @@ class ChunkPolicy:
 
         Called once per scheduler step, also when no request holds drafts.
         """
+        self._plan = self._choose(req_ids)
+        sizes = set(self._plan.values())
+        self.budget_counts[max(sizes, default=0)] += 1
+        self.uniform_plans += len(sizes) <= 1
+        return self._plan
+
+    def _choose(self, req_ids: Sequence[str]) -> dict[str, int]:
         k = self.settings.max_chunk
         self._probes = set()
         self.acceptance.tick()
         if self.settings.mode == "fixed":
-            self._plan = dict.fromkeys(req_ids, k)
-            return self._plan
+            return dict.fromkeys(req_ids, k)
         if not self.cost.ready:
-            # Warm-up: vary the budget and the chunks so the cost model can separate the costs.
+            # Warm-up: vary the budget and the chunks (mixed or uniform) so the cost model can
+            # separate the costs.
             budget = int(self._rng.integers(0, k + 1))
+            if self._rng.random() < 0.5:
+                return dict.fromkeys(req_ids, budget)
             sizes = self._rng.integers(0, budget + 1, size=len(req_ids))
-            self._plan = {r: int(s) for r, s in zip(req_ids, sizes, strict=True)}
-            return self._plan
+            return {r: int(s) for r, s in zip(req_ids, sizes, strict=True)}
         rates = np.array([self.acceptance.rate(r) for r in req_ids])
         sizes = choose_sizes(rates, k, *self.cost.coefficients)
         # Probes ride on a step that drafts anyway, or on the shared probe step.
@@ -238,7 +260,6 @@ class ChunkPolicy:
                 self._awaiting_probe.add(req_id)
             self._idle_steps[req_id] = idle
             plan[req_id] = size
-        self._plan = plan
         return plan
 
     def current_plan(self) -> dict[str, int]:
@@ -255,16 +276,19 @@ class ChunkPolicy:
 
 
 def choose_sizes(
-    rates: np.ndarray, max_chunk: int, fixed: float, per_token: float, per_draft: float
+    rates: np.ndarray, max_chunk: int, fixed: float, per_token: float, per_draft: float,
+    per_mixed: float = 0.0,
 ) -> np.ndarray:
     """Chunk sizes maximising the batch's expected tokens per second under the cost model.
 
     ``rates``: per-request acceptance probabilities. The seconds of a step are
-    ``fixed + per_token * (n + sum(sizes)) + per_draft * n * D`` for ``n`` requests and draft
-    budget ``D = max(sizes)``. Each request's own limit comes from the marginal test
-    ``rate**j > tokens_per_second * per_token``; the budget is then searched exhaustively.
-    ``tokens_per_second`` starts at the full-chunk plan's rate and is re-estimated from the
-    best plan (Dinkelbach iterations), so the choice depends on the model alone.
+    ``fixed + per_token * (n + sum(sizes)) + per_draft * n * D + per_mixed * mixed`` for ``n``
+    requests and draft budget ``D = max(sizes)``; ``mixed`` when the sizes differ. Each
+    request's own limit comes from the marginal test ``rate**j > tokens_per_second *
+    per_token``; for each budget ``D`` the plan is ``min(D, limit)`` per request, or ``D`` for
+    every request, and the best of them all is chosen. ``tokens_per_second`` starts at the
+    full-chunk plan's rate and is re-estimated from the best plan (Dinkelbach iterations), so
+    the choice depends on the model alone.
     """
     n = len(rates)
     if n == 0:
@@ -274,9 +298,11 @@ def choose_sizes(
     powers = a[None, :] ** np.arange(max_chunk + 1)[:, None]
     gain = np.cumsum(powers, axis=0)
     budgets = np.arange(max_chunk + 1)
+    # Every request verifying D: the plans that replay FULL decode graphs.
+    uniform_value = gain.sum(axis=1) / np.maximum(
+        fixed + per_token * n * (1 + budgets) + per_draft * n * budgets, 1e-12)
     best = np.zeros(n, dtype=int)
-    full = fixed + per_token * n * (1 + max_chunk) + per_draft * n * max_chunk
-    tokens_per_second = float(gain[max_chunk].sum()) / max(full, 1e-12)
+    tokens_per_second = float(uniform_value[max_chunk])
     for _ in range(3):
         threshold = tokens_per_second * per_token
         if threshold <= 0:
@@ -287,13 +313,15 @@ def choose_sizes(
             limit = np.clip(np.where(a**1 > threshold, limit, 0), 0, max_chunk)
         sizes = np.minimum(budgets[:, None], limit[None, :])  # [D, n]
         tokens = np.take_along_axis(gain, sizes, axis=0).sum(axis=1)
-        seconds = fixed + per_token * (n + sizes.sum(axis=1)) + per_draft * n * budgets
-        value = tokens / np.maximum(seconds, 1e-12)
-        best_budget = int(np.argmax(value))
-        best = sizes[best_budget]
-        if float(value[best_budget]) == tokens_per_second:
+        mixed = sizes.min(axis=1) != sizes.max(axis=1)
+        seconds = (fixed + per_token * (n + sizes.sum(axis=1)) + per_draft * n * budgets
+                   + per_mixed * mixed)
+        value = np.concatenate([tokens / np.maximum(seconds, 1e-12), uniform_value])
+        choice = int(np.argmax(value))
+        best = sizes[choice] if choice <= max_chunk else np.full(n, choice - max_chunk - 1)
+        if float(value[choice]) == tokens_per_second:
             break  # a fixed point: the next iteration would choose the same plan
-        tokens_per_second = float(value[best_budget])
+        tokens_per_second = float(value[choice])
     return best
 
 

@@ -49,18 +49,40 @@ def test_choose_sizes(regime, groups, expected):
                               for _ in range(count)]
 
 
-def plan_value(rates, sizes, fixed, per_token, per_draft) -> float:
+@pytest.mark.parametrize(
+    "per_mixed, groups, expected",
+    [
+        # Batch 32, half accepting well, half not, and leaving the FULL graphs is free: each
+        # request gets its own chunk.
+        (0.0, [(0.95, 16), (0.1, 16)], [K, 0]),
+        # ... costs a third of a step: every request verifies the same chunk (one FULL graph).
+        (0.003, [(0.95, 16), (0.1, 16)], [K, K]),
+        # Everyone alike: the sizes are uniform anyway; the mixed cost changes nothing.
+        (0.003, [(0.95, 32)], [K]),
+        (0.003, [(0.05, 32)], [0]),
+    ],
+)
+def test_choose_sizes_counts_what_a_mixed_batch_costs(per_mixed, groups, expected):
+    rates = np.concatenate([np.full(count, rate) for rate, count in groups])
+    sizes = choose_sizes(rates, K, 0.006, 5e-5, 5e-6, per_mixed)
+    assert sizes.tolist() == [size for (_, count), size in zip(groups, expected, strict=True)
+                              for _ in range(count)]
+
+
+def plan_value(rates, sizes, fixed, per_token, per_draft, per_mixed=0.0) -> float:
     """Expected tokens per second of a plan under the cost model."""
     tokens = sum(expected_tokens(a, s) for a, s in zip(rates, sizes, strict=True))
-    seconds = fixed + per_token * (len(rates) + sum(sizes)) + per_draft * len(rates) * max(sizes)
+    seconds = (fixed + per_token * (len(rates) + sum(sizes)) + per_draft * len(rates) * max(sizes)
+               + per_mixed * (min(sizes) != max(sizes)))
     return tokens / seconds
 
 
-def test_chosen_sizes_beat_every_uniform_size_under_the_model():
+@pytest.mark.parametrize("per_mixed", [0.0, 0.002])
+def test_chosen_sizes_beat_every_uniform_size_under_the_model(per_mixed):
     rng = np.random.default_rng(0)
     for _ in range(50):
         rates = rng.uniform(0.01, 0.99, size=rng.integers(1, 64))
-        costs = (rng.uniform(0.005, 0.02), rng.uniform(0, 5e-5), 1e-6)
+        costs = (rng.uniform(0.005, 0.02), rng.uniform(0, 5e-5), 1e-6, per_mixed)
         chosen = choose_sizes(rates, K, *costs).tolist()
         best_uniform = max(plan_value(rates, [c] * len(rates), *costs) for c in range(K + 1))
         assert plan_value(rates, chosen, *costs) >= 0.999 * best_uniform
@@ -103,12 +125,15 @@ def test_cost_model_recovers_a_linear_step_time():
     rng = np.random.default_rng(1)
     for _ in range(200):
         tokens, drafted = int(rng.integers(8, 600)), int(rng.integers(0, 512))
-        model.observe(tokens, drafted, 0.004 + 2e-5 * tokens + 3e-6 * drafted)
-    fixed, per_token, per_draft = model.coefficients
+        mixed = bool(rng.integers(0, 2))
+        model.observe(tokens, drafted, 0.004 + 2e-5 * tokens + 3e-6 * drafted + 1e-3 * mixed,
+                      mixed)
+    fixed, per_token, per_draft, per_mixed = model.coefficients
     assert model.ready
     assert fixed == pytest.approx(0.004, rel=0.05)
     assert per_token == pytest.approx(2e-5, rel=0.05)
     assert per_draft == pytest.approx(3e-6, rel=0.05)
+    assert per_mixed == pytest.approx(1e-3, rel=0.05)
 
 
 def compute_bound_policy(probe_interval=4):

@@ -166,8 +166,9 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
         drafted = scheduler_output.num_spec_tokens_to_schedule * len(
             scheduler_output.num_scheduled_tokens
         )
+        tokens = scheduler_output.num_scheduled_tokens.values()
         policy.observe_step(scheduler_output.total_num_scheduled_tokens, drafted,
-                            now - max(scheduled, previous))
+                            now - max(scheduled, previous), mixed=min(tokens) != max(tokens))
 
 
 PATCHES = [
