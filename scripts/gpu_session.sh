@@ -26,7 +26,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # The GPU tests (lazy draft sync, FULL decode graphs for every SCV chunk size, the rest), the SCV
 # benchmark in groups that fit one GPU side by side, each with SCV in it, then the chunk-0
 # profile: vLLM's own k=0 path beside SCV held at chunk 0 and no speculation.
-stream0() { step gpu_tests tests; }
+stream0() { step gpu_tests tests -k "scv or lazy or graphs"; }
 stream1() { step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2; }
 stream2() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
 stream3() {

@@ -141,7 +141,6 @@ def test_scv_chunk_sizes_replay_full_decode_graphs(models, tmp_path):
     assert two["dispatches"].get("3:FULL", 0) > 10
     assert two["dispatches"].get("3:PIECEWISE", 0) == 0
     assert zero["dispatches"].get("1:FULL", 0) > 10
-    assert vllm_k2["dispatches"].get("3:FULL", 0) > 10
     print("token agreement SCV chunk 2 vs vLLM k=2:", agreement(two["tokens"], vllm_k2["tokens"]))
     assert agreement(two["tokens"], vllm_k2["tokens"]) > 0.9
 

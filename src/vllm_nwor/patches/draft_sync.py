@@ -187,6 +187,19 @@ def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
     return state or None
 
 
+def _next_tokens_without_drafting(runner: GPUModelRunner, sampled_token_ids, *args,
+                                  **kwargs) -> None:
+    """What vLLM's pass leaves behind besides drafts: with the padded drafter batch, each
+    request's next input token and valid sampled count, which async scheduling reads to fill
+    the next step's inputs (vLLM does the same when the drafter does not run,
+    ``GPUModelRunner.sample_tokens``)."""
+    if isinstance(sampled_token_ids, torch.Tensor):
+        next_token_ids, valid_counts = runner.drafter.prepare_next_token_ids_padded(
+            sampled_token_ids, runner.requests, runner.input_batch,
+            runner.discard_request_mask.gpu)
+        runner._copy_valid_sampled_token_count(next_token_ids, valid_counts)
+
+
 def _wrap_propose_draft_token_ids(propose_draft_token_ids):
     def wrapper(self, scheduler_output, *args, **kwargs):
         state = _state(self)
@@ -194,6 +207,7 @@ def _wrap_propose_draft_token_ids(propose_draft_token_ids):
             try:
                 if scheduler_output.num_spec_tokens_to_schedule == 0:
                     state.record_skipped_step(self)
+                    _next_tokens_without_drafting(self, *args, **kwargs)
                     return torch.empty((self.input_batch.num_reqs, 0), dtype=torch.int64,
                                        device=self.device)
                 state.catch_up(self)
