@@ -10,6 +10,7 @@ from vllm_nwor.scv import (
     ChunkPolicy,
     ScvSettings,
     SpecChunk,
+    StepCost,
     StepCostModel,
     choose_sizes,
     expected_tokens,
@@ -17,10 +18,11 @@ from vllm_nwor.scv import (
 
 K = 4
 
-# Cost regimes, per step: (fixed s, s per scheduled token, s per proposed draft), and the batch.
-BATCH_1 = (0.006, 2e-6, 5e-4)  # memory-bound: extra verify rows nearly free, drafts cost launches
-BATCH_128 = (0.008, 7e-5, 5e-6)  # compute-bound: every verify row costs real compute
-DRAFT_HEAVY = (0.010, 2e-6, 2e-3)  # a drafter that costs a fifth of a target step per draft
+# Cost regimes (seconds: fixed, per scheduled token, per draft pass, per draft token, off the
+# FULL graphs).
+BATCH_1 = StepCost(0.006, 2e-6, 5e-4, 0, 0)  # memory-bound: verify rows nearly free, passes cost
+BATCH_128 = StepCost(0.008, 7e-5, 0, 5e-6, 0)  # compute-bound: every verify row costs compute
+DRAFT_HEAVY = StepCost(0.010, 2e-6, 4e-3, 0, 0)  # a draft pass costs two fifths of a target step
 
 
 @pytest.mark.parametrize(
@@ -44,48 +46,61 @@ DRAFT_HEAVY = (0.010, 2e-6, 2e-3)  # a drafter that costs a fifth of a target st
 )
 def test_choose_sizes(regime, groups, expected):
     rates = np.concatenate([np.full(count, rate) for rate, count in groups])
-    sizes = choose_sizes(rates, K, *regime)
+    sizes = choose_sizes(rates, K, regime)
     assert sizes.tolist() == [size for (_, count), size in zip(groups, expected, strict=True)
                               for _ in range(count)]
 
 
 @pytest.mark.parametrize(
-    "per_mixed, groups, expected",
+    "off_graph, groups, expected",
     [
-        # Batch 32, half accepting well, half not, and leaving the FULL graphs is free: each
-        # request gets its own chunk.
+        # Batch 32, half accepting well, half not, and running off the FULL graphs is free:
+        # each request gets its own chunk.
         (0.0, [(0.95, 16), (0.1, 16)], [K, 0]),
         # ... costs a third of a step: every request verifies the same chunk (one FULL graph).
         (0.003, [(0.95, 16), (0.1, 16)], [K, K]),
-        # Everyone alike: the sizes are uniform anyway; the mixed cost changes nothing.
+        # Everyone alike: the sizes are uniform anyway; that cost changes nothing.
         (0.003, [(0.95, 32)], [K]),
         (0.003, [(0.05, 32)], [0]),
     ],
 )
-def test_choose_sizes_counts_what_a_mixed_batch_costs(per_mixed, groups, expected):
+def test_choose_sizes_counts_what_leaving_the_graphs_costs(off_graph, groups, expected):
     rates = np.concatenate([np.full(count, rate) for rate, count in groups])
-    sizes = choose_sizes(rates, K, 0.006, 5e-5, 5e-6, per_mixed)
+    sizes = choose_sizes(rates, K, StepCost(0.006, 5e-5, 0, 5e-6, off_graph), 512)
     assert sizes.tolist() == [size for (_, count), size in zip(groups, expected, strict=True)
                               for _ in range(count)]
 
 
-def plan_value(rates, sizes, fixed, per_token, per_draft, per_mixed=0.0) -> float:
+def test_choose_sizes_keeps_the_batch_within_the_largest_graph():
+    """Batch 128 accepting well: 1 + 4 tokens per request would be 640 tokens, past a 512-token
+    largest FULL graph; when running without one costs 15 ms, two drafts (384 tokens) win."""
+    rates = np.full(128, 0.9)
+    cliff = StepCost(0.008, 2e-5, 1e-3, 0, 0.015)
+    assert choose_sizes(rates, K, cliff, None).tolist() == [K] * 128  # no graphs at all
+    sizes = choose_sizes(rates, K, cliff, 512)
+    assert 128 * (1 + sizes.max()) <= 512 and sizes.max() >= 2
+
+
+def plan_value(rates, sizes, cost, max_graph_tokens=None) -> float:
     """Expected tokens per second of a plan under the cost model."""
     tokens = sum(expected_tokens(a, s) for a, s in zip(rates, sizes, strict=True))
-    seconds = (fixed + per_token * (len(rates) + sum(sizes)) + per_draft * len(rates) * max(sizes)
-               + per_mixed * (min(sizes) != max(sizes)))
-    return tokens / seconds
+    scheduled = len(rates) + sum(sizes)
+    on_graph = (max_graph_tokens is not None and min(sizes) == max(sizes)
+                and scheduled <= max_graph_tokens)
+    return tokens / cost.seconds(len(rates), scheduled, max(sizes), not on_graph)
 
 
-@pytest.mark.parametrize("per_mixed", [0.0, 0.002])
-def test_chosen_sizes_beat_every_uniform_size_under_the_model(per_mixed):
+@pytest.mark.parametrize("off_graph, max_graph_tokens", [(0.0, None), (0.002, 96)])
+def test_chosen_sizes_beat_every_uniform_size_under_the_model(off_graph, max_graph_tokens):
     rng = np.random.default_rng(0)
     for _ in range(50):
         rates = rng.uniform(0.01, 0.99, size=rng.integers(1, 64))
-        costs = (rng.uniform(0.005, 0.02), rng.uniform(0, 5e-5), 1e-6, per_mixed)
-        chosen = choose_sizes(rates, K, *costs).tolist()
-        best_uniform = max(plan_value(rates, [c] * len(rates), *costs) for c in range(K + 1))
-        assert plan_value(rates, chosen, *costs) >= 0.999 * best_uniform
+        cost = StepCost(rng.uniform(0.005, 0.02), rng.uniform(0, 5e-5), rng.uniform(0, 1e-3),
+                        1e-6, off_graph)
+        chosen = choose_sizes(rates, K, cost, max_graph_tokens).tolist()
+        best_uniform = max(plan_value(rates, [c] * len(rates), cost, max_graph_tokens)
+                           for c in range(K + 1))
+        assert plan_value(rates, chosen, cost, max_graph_tokens) >= 0.999 * best_uniform
 
 
 @pytest.mark.parametrize(
@@ -120,27 +135,52 @@ def test_a_new_request_starts_at_one_half_without_traffic_and_at_the_traffics_ra
     assert estimator.rate("newer") == pytest.approx(0.5, abs=0.01)
 
 
+def random_steps(true_cost: StepCost, count: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        requests, budget = int(rng.integers(1, 128)), int(rng.integers(0, 9))
+        tokens = requests + int(rng.integers(0, requests * budget + 1))
+        off_graph = bool(rng.integers(0, 2))
+        yield requests, tokens, budget, true_cost.seconds(requests, tokens, budget, off_graph), \
+            off_graph
+
+
 def test_cost_model_recovers_a_linear_step_time():
+    true_cost = StepCost(0.004, 2e-5, 8e-4, 3e-6, 1e-3)
     model = StepCostModel(window=1000, min_steps=10)
-    rng = np.random.default_rng(1)
-    for _ in range(200):
-        tokens, drafted = int(rng.integers(8, 600)), int(rng.integers(0, 512))
-        mixed = bool(rng.integers(0, 2))
-        model.observe(tokens, drafted, 0.004 + 2e-5 * tokens + 3e-6 * drafted + 1e-3 * mixed,
-                      mixed)
-    fixed, per_token, per_draft, per_mixed = model.coefficients
+    for step in random_steps(true_cost, 200):
+        model.observe(*step)
     assert model.ready
-    assert fixed == pytest.approx(0.004, rel=0.05)
-    assert per_token == pytest.approx(2e-5, rel=0.05)
-    assert per_draft == pytest.approx(3e-6, rel=0.05)
-    assert per_mixed == pytest.approx(1e-3, rel=0.05)
+    assert model.coefficients == pytest.approx(true_cost, rel=0.05)
+
+
+def test_cost_model_has_no_negative_costs_when_the_budget_never_changes():
+    """Every step at budget 8 and batch 1 (what the GPU showed): the intercept and the draft
+    costs cannot be told apart. The fit must still predict these steps, with no cost below 0
+    (an unconstrained fit traded a large fixed cost against a negative draft cost, and
+    clipping it made drafts look free)."""
+    model = StepCostModel(window=256, min_steps=32)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        model.observe(1, 9, 8, 0.010 * (1 + 0.1 * rng.standard_normal()))
+    cost = model.coefficients
+    assert min(cost) >= 0
+    assert cost.seconds(1, 9, 8, False) == pytest.approx(0.010, rel=0.05)
+
+
+def test_cost_model_ignores_a_rare_slow_step():
+    true_cost = StepCost(0.004, 2e-5, 8e-4, 3e-6, 1e-3)
+    model = StepCostModel(window=1000, min_steps=10)
+    for i, (requests, tokens, budget, seconds, off) in enumerate(random_steps(true_cost, 200)):
+        model.observe(requests, tokens, budget, seconds * (20 if i % 50 == 7 else 1), off)
+    assert model.coefficients.fixed == pytest.approx(0.004, rel=0.1)
 
 
 def compute_bound_policy(probe_interval=4):
     """A policy whose cost model has learnt a compute-bound engine (1 ms per verified token)."""
     cost = StepCostModel(window=1000, min_steps=1)
-    for tokens, drafted in [(10, 0), (60, 40), (30, 12), (90, 25)]:
-        cost.observe(tokens, drafted, 0.002 + 1e-3 * tokens + 1e-5 * drafted)
+    for step in random_steps(StepCost(0.002, 1e-3, 0, 1e-5, 0), 20):
+        cost.observe(*step)
     settings = ScvSettings("adaptive", K, probe_interval, acceptance_window=16)
     return ChunkPolicy(settings, cost)
 
@@ -152,19 +192,20 @@ def verify(policy, req, plan, accept_all):
 
 def test_a_rejected_request_drops_to_chunk_zero_and_probes_back():
     policy = compute_bound_policy(probe_interval=4)
-    sizes, probes = [], []
+    sizes, probes, good = [], [], []
     for step in range(120):
         plan = policy.plan(["bad", "good"])
         sizes.append(plan["bad"])
+        good.append(plan["good"])
         probes.append("bad" in policy._probes)
         recovered = step >= 60
         verify(policy, "bad", plan, accept_all=recovered)
         verify(policy, "good", plan, accept_all=True)
-    assert plan["good"] == K
     first = sizes[:60]
     assert first[-20:].count(0) >= 18, first  # converged to plain decoding
     assert any(probes[:60]), "a request at chunk 0 must be probed"
-    assert sizes[-1] == K, sizes[60:]  # came back once the probes were accepted
+    assert sizes[-10:].count(K) >= 7, sizes[60:]  # came back once the probes were accepted
+    assert good.count(K) >= 100  # but for warm-up and exploring a nearby plan now and then
 
 
 def test_failed_probes_back_off():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 
+from vllm.config import CUDAGraphMode
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -54,6 +55,7 @@ def _wrap_init(init):
                 probe_interval=config.scv_probe_interval,
                 acceptance_window=config.scv_acceptance_window,
                 cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
+                max_graph_tokens=_max_graph_tokens(self.vllm_config),
             )
             policy = ChunkPolicy(settings)
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
@@ -63,6 +65,16 @@ def _wrap_init(init):
         self._nwor_last_output_at = 0.0
 
     return wrapper
+
+
+def _max_graph_tokens(vllm_config) -> int | None:
+    """The most tokens a FULL decode graph takes, or None where decode batches get none."""
+    compilation = vllm_config.compilation_config
+    mode = compilation.cudagraph_mode
+    if (vllm_config.model_config.enforce_eager or mode is None
+            or mode.decode_mode() != CUDAGraphMode.FULL):
+        return None
+    return compilation.max_cudagraph_capture_size
 
 
 def _wrap_update_after_schedule(update_after_schedule):
@@ -163,12 +175,10 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     scheduled = scheduler._nwor_scheduled_at.pop(id(scheduler_output), None)
     previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
     if scheduled is not None and sampled:
-        drafted = scheduler_output.num_spec_tokens_to_schedule * len(
-            scheduler_output.num_scheduled_tokens
-        )
         tokens = scheduler_output.num_scheduled_tokens.values()
-        policy.observe_step(scheduler_output.total_num_scheduled_tokens, drafted,
-                            now - max(scheduled, previous), mixed=min(tokens) != max(tokens))
+        policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
+                            scheduler_output.num_spec_tokens_to_schedule,
+                            now - max(scheduled, previous), uniform=min(tokens) == max(tokens))
 
 
 PATCHES = [
