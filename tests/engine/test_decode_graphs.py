@@ -45,20 +45,24 @@ wrapped = decode_graphs._wrap_determine_batch_execution_and_padding(determine)
 
 def test_graph_sizes_and_padding():
     assert VLLM_TABLE[1] == 5 and VLLM_TABLE[11] == 20 and VLLM_TABLE[40] == 40
-    assert decode_graphs.graph_sizes(SIZES, 1, 40, 8) == [5]  # at most 8 requests
-    assert decode_graphs.graph_sizes(SIZES, 2, 40, 8) == [6, 10]
-    assert decode_graphs.graph_sizes(SIZES, 3, 40, 8) == [6, 12, 21]
-    assert decode_graphs.graph_sizes(SIZES, 4, 40, 8) == [8, 12, 20, 28]
+    assert decode_graphs.graph_sizes(SIZES, 1, 40, 8) == [5, 8]  # at most 8 requests
+    assert decode_graphs.graph_sizes(SIZES, 2, 40, 8) == [6, 10, 16]
+    assert decode_graphs.graph_sizes(SIZES, 3, 40, 8) == [6, 12, 21, 24]
+    assert decode_graphs.graph_sizes(SIZES, 4, 40, 8) == [8, 12, 20, 28, 32]
+    # The H200 benchmark's shape: k = 8, so vLLM's sizes are multiples of 9; 128 requests of 3
+    # tokens are 384, between 369 and 387.
+    nines = list(range(9, 505, 9))
+    assert 384 in decode_graphs.graph_sizes(nines, 3, 504, 128)
     three = decode_graphs.padding_table([6, 12, 21], 40)
     assert three[1] == 6 and three[7] == 12 and three[21] == 21 and three[22] == 0
 
 
 @pytest.mark.parametrize("num_tokens, num_reqs, max_tokens, force, seen", [
     (4, 4, 1, None, (1, 5)),     # every request at chunk 0: one-token graphs
-    (8, 8, 1, None, (5, 10)),    # ... past their largest size (8 requests): vLLM decides
+    (8, 8, 1, None, (1, 8)),     # ... the full batch of 8 requests has its own size
     (4, 2, 2, None, (2, 6)),     # every request at chunk 1: two-token graphs (vLLM pads to 5)
     (12, 4, 3, None, (3, 12)),   # chunk 2 (vLLM pads to 20)
-    (24, 8, 3, None, (5, 25)),   # chunk 2 past its largest size: vLLM decides
+    (24, 8, 3, None, (3, 24)),   # chunk 2, the full batch (no rounded size is 24)
     (40, 8, 5, None, (5, 40)),   # a full-chunk batch: vLLM's own graphs
     (12, 8, 5, None, (5, 20)),   # mixed chunk sizes: PIECEWISE, as vLLM decides
     (4, 4, 1, True, (5, 5)),     # vLLM's capture runs (forced) are left alone

@@ -81,9 +81,12 @@ def _wanted(runner: GPUModelRunner) -> bool:
 def graph_sizes(capture_sizes: list[int], query_len: int, max_size: int,
                 max_num_seqs: int) -> list[int]:
     """The sizes (tokens) of the FULL graphs for ``query_len`` tokens per request: vLLM's
-    capture sizes, each rounded up to a multiple of ``query_len``, within vLLM's largest size
-    and ``max_num_seqs`` requests."""
+    capture sizes, each rounded up to a multiple of ``query_len``, and the full batch of
+    ``max_num_seqs`` requests, within vLLM's largest size and ``max_num_seqs`` requests (a full
+    batch would otherwise have no graph when rounding skips its size, e.g. 128 x 3 tokens
+    between 369 and 387)."""
     rounded = {-(-size // query_len) * query_len for size in capture_sizes}
+    rounded.add(query_len * max_num_seqs)
     return sorted(s for s in rounded if s <= max_size and s // query_len <= max_num_seqs)
 
 
