@@ -218,7 +218,7 @@ def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
     gram, moment, total = (x.T * w) @ x, (x.T * w) @ y, float(w @ (y * y))
     columns = x.shape[1]
     best, best_error = np.zeros(columns), total
-    for mask in range(1, 1 << columns):
+    for mask in range((1 << columns) - 1, 0, -1):  # the full support first
         support = [c for c in range(columns) if mask >> c & 1]
         sub_gram, sub_moment = gram[np.ix_(support, support)], moment[support]
         try:
@@ -229,6 +229,8 @@ def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
             continue
         theta = np.zeros(columns)
         theta[support] = coef
+        if mask == (1 << columns) - 1:
+            return theta  # the unconstrained fit is non-negative: it is the answer
         error = total - 2.0 * float(theta @ moment) + float(theta @ gram @ theta)
         if error < best_error:
             best, best_error = theta, error
