@@ -23,7 +23,7 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 16. ``DraftModelProposer._get_model``: window the draft model's attention (draft context window).
 17. ``GPUModelRunner._check_and_update_cudagraph_mode``, 18. ``._warmup_and_capture``,
     19. ``._determine_batch_execution_and_padding``: with SCV on, FULL decode graphs for steps
-    where every request is at chunk 0 (``decode_graphs.py``).
+    where every request has the same chunk, of any size (``decode_graphs.py``).
 20. ``GPUModelRunner.propose_draft_token_ids``: with SCV and draft_model, skip the draft model on
     chunk-0 steps and catch it up before a request is drafted again (``draft_sync.py``).
 
