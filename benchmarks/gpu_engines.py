@@ -153,7 +153,8 @@ def engine_main(conn, kwargs: dict) -> None:
         scv = None
         if scv_after is not None:
             scv = {"budget_counts": [x - y for x, y in zip(scv_after["budget_counts"],
-                                                            scv_before["budget_counts"])],
+                                                            scv_before["budget_counts"],
+                                                            strict=True)],
                    "uniform_plans": scv_after["uniform_plans"] - scv_before["uniform_plans"],
                    "coefficients": scv_after["coefficients"]}
         itls = []

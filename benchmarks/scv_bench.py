@@ -119,7 +119,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
                     if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
                         row["scv_budget_counts"] = [sum(c) for c in zip(
-                            *(x["budget_counts"] for x in scv))]
+                            *(x["budget_counts"] for x in scv), strict=True)]
                         row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
                         row["scv_cost_coefficients"] = scv[-1]["coefficients"]
                     print(json.dumps(row), flush=True)

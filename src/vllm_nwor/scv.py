@@ -29,11 +29,12 @@ drafter runs ``D`` passes one after the other, each with its own launches whatev
 FULL CUDA graph costs: a decode batch replays one when its requests all verify the same number
 of drafts (``patches/decode_graphs.py``) and it fits vLLM's largest graph; otherwise it runs
 PIECEWISE or eagerly. At low concurrency ``per_token`` is small and long chunks pay; at high
-concurrency it is large and they do not. Each request's ``j``-th draft is verified when ``a**j`` exceeds what its verification
-time would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
-batch (the draft budget ``D``), so ``D`` is chosen by evaluating the batch's rate for each
-``D`` in ``[0, max_chunk]``; each request then verifies ``min(D, its own limit)``, or, where
-that is worth more once ``off_graph`` is counted, every request verifies ``D``.
+concurrency it is large and they do not. Each request's ``j``-th draft is verified when
+``a**j`` exceeds what its verification time would buy at the batch's rate. The drafter
+proposes the same number of drafts for the whole batch (the draft budget ``D``), so ``D`` is
+chosen by evaluating the batch's rate for each ``D`` in ``[0, max_chunk]``; each request then
+verifies ``min(D, its own limit)``, or, where that is worth more once ``off_graph`` is
+counted, every request verifies ``D``.
 
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """

@@ -13,8 +13,9 @@ When SCV is on and vLLM resolved FULL decode graphs (``FULL_AND_PIECEWISE``), th
 decode graphs for every query length ``q`` from 1 to ``min(1 + scv_chunk_size, k)``, next to
 vLLM's own, and replays them for uniform batches of ``q`` tokens per request. For each ``q`` the
 graph sizes are vLLM's capture sizes rounded up to multiples of ``q`` (a batch of ``q``-token
-requests is padded to the next of them, with padding requests, as vLLM pads its own). The
-keys (``num_reqs == num_tokens / q``, uniform) differ from vLLM's and from each other. Capture and dispatch run vLLM's own code with
+requests is padded to the next of them, with padding requests, as vLLM pads its own), plus
+the full batch of ``max_num_seqs`` requests. The keys (``num_reqs == num_tokens / q``, uniform)
+differ from vLLM's and from each other. Capture and dispatch run vLLM's own code with
 ``uniform_decode_query_len`` set to ``q`` and the dispatcher's padding table set to ``q``'s
 sizes for the duration of the call. If capturing fails, the extra graphs are dropped and such
 batches run PIECEWISE, as without this patch.
@@ -187,8 +188,8 @@ PATCHES = [
         "_check_and_update_cudagraph_mode",
         _wrap_check_and_update_cudagraph_mode,
         why="With SCV on, add FULL decode-graph keys for every chunk size SCV can give a "
-        "whole batch (1 to k tokens per request). Retired by vLLM capturing decode graphs for every query length the "
-        "scheduler can produce.",
+        "whole batch (1 to k tokens per request). Retired by vLLM capturing decode graphs for "
+        "every query length the scheduler can produce.",
     ),
     Patch(
         GPUModelRunner,
