@@ -96,8 +96,11 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                              for p in policies})
     rows = []
     try:
+        # Warm-up at every batch size: on 2026-11-22 a warm-up at batch 4 alone left both
+        # speculative engines at half speed in the first measured cells (scv_refit_*.json).
         for engine in engines.values():
-            engine.run(prompts(4, seed=99))  # warm-up
+            for batch in batches:
+                engine.run(prompts(batch, seed=99))
         for name, pattern in workloads().items():
             for batch in batches:
                 count = batch if closed_batch else 2 * batch
