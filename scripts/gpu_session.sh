@@ -23,12 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The last plan of 2026-11-22 (one H200, a few minutes left): the SCV policy with its refitted
-# cost model against no speculation and fixed k=2 (the best others of the run before it) at
-# batch 1, 32 and 128, one repetition.
+# The next session's plan (for 4 GPUs): the SCV GPU tests (the async NWOR counter check among
+# them), the SCV benchmark with the refitted cost model and the full-batch graph sizes in its
+# three groups, two repetitions, then the chunk-0 step profile at batch 1 and 128.
 stream0() {
-  step scv_v3 scv_bench --policies no_spec fixed_k2 scv --batches 1 32 128 --reps 1
+  step gpu_tests tests -k "scv or lazy or graphs"
+  step scv_profile scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
+    --batches 1 128 --profile-batches 1 128
 }
+stream1() { step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2; }
+stream2() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
+stream3() { step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
