@@ -15,7 +15,8 @@ PromQL, over a 5-minute window:
 
 - KV-cache write bandwidth saved, bytes/s: ``rate(vllm:nwor_kv_bytes_not_written_total[5m])``
 - fallbacks by reason: ``sum by (reason) (rate(vllm:nwor_fallbacks_total[5m]))``
-- NWOR against vLLM's own counter (1.0 when no step fell back)::
+- NWOR against vLLM's own counter (1.0 when no step fell back; with async scheduling slightly
+  above, docs/telemetry.md says why)::
 
       rate(vllm:nwor_tokens_committed_total[5m])
         / rate(vllm:spec_decode_num_accepted_tokens_total[5m])

@@ -103,8 +103,14 @@ def test_scv_with_nwor_keeps_greedy_output(models, tmp_path, async_scheduling):
     print("token agreement SCV:", agreement(scv["tokens"], plain["tokens"]))
     counters = scv["counters"]
     assert counters["fallbacks"] == {}
-    assert (counters["tokens_staged"], counters["tokens_committed"]) == (
-        scv["drafted"], scv["accepted"])
+    staged, committed = counters["tokens_staged"], counters["tokens_committed"]
+    if not async_scheduling:
+        assert (staged, committed) == (scv["drafted"], scv["accepted"])
+    else:
+        # vLLM leaves out of its counts a step in flight when its request finished (or a
+        # stale frame being discarded); the runner staged and committed it (docs/telemetry.md).
+        assert scv["drafted"] <= staged <= 1.05 * scv["drafted"]
+        assert 0 <= committed - scv["accepted"] <= staged - scv["drafted"]
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
