@@ -120,3 +120,44 @@ def test_extra_graphs_only_where_they_apply(runner, wanted):
                                                (4, [1, 2, 3, 4])])
 def test_query_lengths_are_scvs_chunk_sizes(chunk, query_lens):
     assert list(decode_graphs._query_lens(runner_for(chunk=chunk))) == query_lens
+
+
+def test_keys_and_padding_tables_are_added_once_vllm_resolved_its_graphs():
+    """The key-building wrapper, with a dispatcher that records keys (the capture is GPU-only)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    class Dispatcher:
+        uniform_decode_query_len = 5
+        _bs_to_padded_graph_size = VLLM_TABLE
+
+        def __init__(self):
+            self.added = []
+
+        def _create_padded_batch_descriptor(self, size, uniform, has_lora):
+            q = self.uniform_decode_query_len
+            num_tokens = self._bs_to_padded_graph_size[size]
+            return BatchDescriptor(num_tokens=num_tokens, num_reqs=num_tokens // q,
+                                   uniform=uniform, has_lora=has_lora)
+
+        def add_cudagraph_key(self, mode, key):
+            self.added.append((mode, key.num_tokens, key.num_reqs))
+
+    def wrapped(runner, mode="FULL_AND_PIECEWISE"):
+        runner.compilation_config = SimpleNamespace(
+            cudagraph_mode=CUDAGraphMode[mode], cudagraph_capture_sizes=SIZES,
+            max_cudagraph_capture_size=40)
+        runner.vllm_config.scheduler_config = SimpleNamespace(max_num_seqs=8)
+        runner.cudagraph_dispatcher = Dispatcher()
+        decode_graphs._wrap_check_and_update_cudagraph_mode(lambda self: None)(runner)
+        return runner
+
+    runner = wrapped(runner_for())
+    added = runner.cudagraph_dispatcher.added
+    assert (CUDAGraphMode.FULL, 6, 3) in added and (CUDAGraphMode.FULL, 8, 8) in added
+    assert set(getattr(runner, decode_graphs.PADDING_ATTR)) == {1, 2, 3, 4}
+    assert len(getattr(runner, decode_graphs.KEYS_ATTR)) == len(added)
+    none = wrapped(runner_for(), mode="PIECEWISE")
+    assert none.cudagraph_dispatcher.added == []
+    assert getattr(none, decode_graphs.KEYS_ATTR) == set()
+    assert getattr(none, decode_graphs.PADDING_ATTR) == {}

@@ -39,7 +39,7 @@ KEYS_ATTR = "_nwor_decode_graph_keys"
 """On the runner: the descriptors of the extra FULL graphs (empty set when there are none)."""
 PADDING_ATTR = "_nwor_decode_graph_padding"
 """On the runner: ``{q: padding table}``, the dispatcher's ``_bs_to_padded_graph_size`` for
-batches of ``q`` tokens per request (the smallest graph size ``q`` divides; 0 past the last)."""
+batches of ``q`` tokens per request (:func:`padding_table` of :func:`graph_sizes`)."""
 
 
 @contextmanager
@@ -102,17 +102,18 @@ def padding_table(sizes: list[int], max_size: int) -> list[int]:
 def _wrap_check_and_update_cudagraph_mode(check_and_update):
     def wrapper(self, *args, **kwargs):
         check_and_update(self, *args, **kwargs)
-        keys: set = set()
-        tables: dict[int, list[int]] = {}
+        max_size = self.compilation_config.max_cudagraph_capture_size or 0
+        by_query_len: dict[int, list[int]] = {}
         if _wanted(self):
-            dispatcher = self.cudagraph_dispatcher
             max_num_seqs = self.vllm_config.scheduler_config.max_num_seqs
             sizes = list(self.compilation_config.cudagraph_capture_sizes or [])
-            max_size = self.compilation_config.max_cudagraph_capture_size or 0
             by_query_len = {q: graph_sizes(sizes, q, max_size, max_num_seqs)
                             for q in _query_lens(self)}
-            tables = {q: padding_table(s, max_size) for q, s in by_query_len.items()}
-            setattr(self, PADDING_ATTR, tables)
+        setattr(self, PADDING_ATTR,
+                {q: padding_table(s, max_size) for q, s in by_query_len.items()})
+        keys = set()
+        if by_query_len:
+            dispatcher = self.cudagraph_dispatcher
             for query_len, graph_sizes_q in by_query_len.items():
                 with decode_query_len(self, query_len):
                     for size in graph_sizes_q:
@@ -121,9 +122,8 @@ def _wrap_check_and_update_cudagraph_mode(check_and_update):
             for key in keys:
                 dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
             logger.info("SCV: %d FULL decode graphs for %d to %d tokens per request, besides "
-                        "vLLM's %d", len(keys), min(tables, default=0), max(tables, default=0),
+                        "vLLM's %d", len(keys), min(by_query_len), max(by_query_len),
                         self.uniform_decode_query_len)
-        setattr(self, PADDING_ATTR, tables)
         setattr(self, KEYS_ATTR, keys)
 
     return wrapper
