@@ -136,6 +136,13 @@ class StepCost(NamedTuple):
                 + self.per_draft * requests * budget + self.off_graph * off_graph)
 
 
+def on_full_graph(uniform, tokens, max_graph_tokens: int | None):
+    """Whether a decode step replays a FULL graph: every request has as many tokens and the
+    batch fits vLLM's largest graph (``max_graph_tokens``; None: there are none). Works on
+    numbers and on numpy arrays alike."""
+    return uniform & (max_graph_tokens is not None and tokens <= max_graph_tokens)
+
+
 class StepCostModel:
     """:class:`StepCost` fitted to the engine's own steps.
 
@@ -298,12 +305,8 @@ class ChunkPolicy:
                      uniform: bool = True) -> None:
         """One step's duration: ``requests`` scheduled, ``tokens`` in all, ``budget`` drafts
         proposed per request after it; ``uniform`` when every request had as many tokens."""
-        self.cost.observe(requests, tokens, budget, seconds,
-                          off_graph=not self._on_graph(uniform, tokens))
-
-    def _on_graph(self, uniform: bool, tokens: int) -> bool:
-        limit = self.settings.max_graph_tokens
-        return limit is not None and uniform and tokens <= limit
+        on_graph = on_full_graph(uniform, tokens, self.settings.max_graph_tokens)
+        self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
 
     def forget(self, req_id: str) -> None:
         self.acceptance.forget(req_id)
@@ -405,10 +408,9 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     powers = a[None, :] ** np.arange(max_chunk + 1)[:, None]
     gain = np.cumsum(powers, axis=0)
     budgets = np.arange(max_chunk + 1)
-    limit_tokens = -1 if max_graph_tokens is None else max_graph_tokens
 
     def value(tokens_out, tokens_in, uniform):
-        off_graph = ~(uniform & (tokens_in <= limit_tokens))
+        off_graph = ~on_full_graph(uniform, tokens_in, max_graph_tokens)
         return tokens_out / np.maximum(cost.seconds(n, tokens_in, budgets, off_graph), 1e-12)
 
     # Every request verifying D: the plans that can replay FULL decode graphs.
