@@ -1,9 +1,9 @@
 """NWOR's overhead on the GPU: vLLM with NWOR on against vLLM as it is, in one run, alternating.
 
 For each (method, k) the driver starts two engine processes on the GPU, one after the other:
-vLLM with its defaults (CUDA graphs FULL_AND_PIECEWISE) and vLLM with ``"nwor": true`` (which
-runs verify batches PIECEWISE, see docs/gpu.md). It then sends the same batches to both,
-alternating A B, B A, and records per cell (L, batch size):
+vLLM with its defaults (CUDA graphs FULL_AND_PIECEWISE) and vLLM with ``"nwor": true`` (whose
+verify batches replay FULL graphs captured with the staged path, see docs/gpu.md). It then sends
+the same batches to both, alternating A B, B A, and records per cell (L, batch size):
 
 - output throughput (generated tokens / wall time of ``LLM.generate``), on/off ratio;
 - median inter-token latency (per request ``(last - first token) / (tokens - 1)``, median over

@@ -23,17 +23,19 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan (for 4 GPUs): the SCV GPU tests (the async NWOR counter check among
-# them), the SCV benchmark with the refitted cost model and the full-batch graph sizes in its
-# three groups, two repetitions, then the chunk-0 step profile at batch 1 and 128.
-stream0() { step gpu_tests tests -k "scv or lazy or graphs"; }
-stream1() { step scv_a scv_bench --policies no_spec fixed_k4 scv --reps 2; }
-stream2() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2; }
-stream3() {
-  step scv_c scv_bench --policies vllm_batch_schedule scv --reps 2
-  step scv_profile scv_step_profile --engines no_spec scv_chunk0 vllm_k0 \
-    --batches 1 128 --profile-batches 1 128
+# The next session's plan (for 4 GPUs): NWOR with its staged path inside FULL graphs (the GPU
+# tests of NWOR, the overhead benchmark at k = 4 for both methods, then k = 8 and k = 2 as time
+# allows), and the SCV group that ran out of memory on 2026-11-22 with less memory per engine.
+stream0() { step gpu_tests tests -k "not scv and not lazy and not graphs and not window"; }
+stream1() {
+  step nwor_dm4 nwor_overhead --method draft_model --k 4
+  step nwor_dm8 nwor_overhead --method draft_model --k 8
 }
+stream2() {
+  step nwor_ng4 nwor_overhead --method ngram --k 4
+  step nwor_ng2 nwor_overhead --method ngram --k 2
+}
+stream3() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2 --memory 0.8; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -27,6 +27,14 @@ The :class:`NworInterceptor` decides *once per verify step, for all layers at on
 step is staged. Its lifecycle is::
 
     begin(step) -> stage(layer) for every target layer -> commit(accepted) | discard(reason)
+
+FULL CUDA graphs (a backend with a fused stage): while vLLM captures its graphs, a layer called
+with more than one token per request takes the staged path with no step begun
+(:meth:`NworInterceptor.stage_for_graph`). The captured stage reads which rows to stage from a
+device buffer at a fixed address (:meth:`IndexUploader.rows`), which every step fills before the
+graph replays: the step's own indices when it is staged, -1 (write every row) when it is not.
+Replaying such a graph runs no Python in the layers, so a step begun and committed with no layer
+seen staging is a graph replay, and the graph staged every layer.
 """
 
 from __future__ import annotations
@@ -57,13 +65,14 @@ CommitFn = Callable[["StagingBuffer", torch.Tensor], None]
 """Writes the buffer's tokens of every layer through ``slot_mapping`` (``-1`` = skip)."""
 
 StageFn = Callable[
-    [int, torch.Tensor, torch.Tensor, torch.Tensor, "VerifyStep", "StagingBuffer"], None
+    [int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "StagingBuffer"], None
 ]
-"""A backend's fused stage: ``(layer_idx, key, value, slot_mapping, step, buffer)``.
+"""A backend's fused stage: ``(layer_idx, key, value, slot_mapping, row_stage_index, buffer)``.
 
-Copies the step's draft rows of ``key``/``value`` into ``buffer`` (``buffer.key[layer_idx]``,
-``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, in staged-token order) and writes every
-other row through ``slot_mapping`` exactly as vLLM's own write would.
+Copies the rows ``r`` with ``row_stage_index[r] >= 0`` of ``key``/``value`` into ``buffer``
+(``buffer.key[layer_idx]``, ``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, at that
+index) and writes every other row through ``slot_mapping`` exactly as vLLM's own write would. A
+row whose slot is -1 (padding) is neither staged nor written.
 """
 
 
@@ -103,6 +112,15 @@ class IndexUploader:
     @property
     def capacity(self) -> int:
         return self._device_buffer.shape[0]
+
+    def rows(self, n: int) -> torch.Tensor:
+        """The first ``n`` entries of the device buffer: where each upload puts its first array.
+
+        The address never changes, so a CUDA graph captured reading it reads every later
+        step's upload (:attr:`VerifyStep.row_stage_index` is uploaded first)."""
+        if n > self.capacity:
+            raise StagingOverflow(f"{n} rows exceed the upload buffer of {self.capacity}")
+        return self._device_buffer[:n]
 
     def upload(self, array: np.ndarray) -> torch.Tensor:
         n = len(array)
@@ -166,7 +184,9 @@ class VerifyStep:
         draft_rows = qsl[1:][token_req] - counts[token_req] + token_pos
         row_stage_index = np.full(qsl[-1], -1, dtype=np.int64)
         row_stage_index[draft_rows] = np.arange(len(draft_rows))
-        parts = (draft_rows, token_req, token_pos, row_stage_index)
+        # row_stage_index first: it then sits at the start of the uploader's device buffer,
+        # the address FULL CUDA graphs were captured reading (IndexUploader.rows).
+        parts = (row_stage_index, draft_rows, token_req, token_pos)
         packed = np.concatenate(parts)
         if uploader is None:
             uploaded = torch.from_numpy(packed).to(device)
@@ -175,10 +195,10 @@ class VerifyStep:
         views = torch.split(uploaded, [len(p) for p in parts])
         return cls(
             num_draft_tokens=tuple(int(c) for c in counts),
-            draft_rows=views[0],
-            token_req=views[1],
-            token_pos=views[2],
-            row_stage_index=views[3],
+            draft_rows=views[1],
+            token_req=views[2],
+            token_pos=views[3],
+            row_stage_index=views[0],
         )
 
     @property
@@ -364,6 +384,9 @@ class NworInterceptor:
         self._tokens_staged = 0
         self._committed = torch.zeros((), dtype=torch.int64, device=buffer.key.device)
         self._fallbacks: Counter[str] = Counter()
+        self.capturing = False  # set by the runner while vLLM captures its CUDA graphs
+        self.graph_staging = False  # a captured CUDA graph holds the staged path
+        self.graph_steps = 0  # staged steps that replayed such a graph
         # NVTX ranges "nwor.stage" / "nwor.commit" for Nsight Systems; no-ops without a profiler.
         self._nvtx = buffer.key.device.type == "cuda"
 
@@ -458,9 +481,14 @@ class NworInterceptor:
             return
         buffer = self.buffer
         if not buffer.is_complete():
-            self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
-            self._write_all_staged()
-            return
+            if not (self.graph_staging and not buffer.layers_with_data()):
+                self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
+                self._write_all_staged()
+                return
+            # No layer ran Python: the step replayed a FULL graph, which staged every layer.
+            for layer_idx in range(buffer.num_layers):
+                buffer.mark_staged(layer_idx)
+            self.graph_steps += 1
         if accepted.shape != (buffer.num_tokens,):
             raise ValueError(
                 f"accepted has shape {tuple(accepted.shape)}, expected ({buffer.num_tokens},)"
@@ -491,6 +519,32 @@ class NworInterceptor:
         if not self._failed:
             self._write_all_staged()
         self._step = None
+
+    # -- FULL CUDA graphs (see the module docstring) -------------------------------------------
+
+    def stages_in_graph(self, max_query_len: int) -> bool:
+        """Whether a layer call during graph capture (or its warm-up) takes the staged path: a
+        batch of more than one token per request, which a verify step may replay."""
+        return (self.capturing and self._step is None and self.stage_fn is not None
+                and self.uploader is not None and max_query_len > 1)
+
+    def stage_for_graph(
+        self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """The fused stage as a graph captures it, reading the rows to stage at replay time.
+
+        In warm-ups and capture vLLM's slot mapping is all -1, so nothing is written here."""
+        assert self.stage_fn is not None and self.uploader is not None  # stages_in_graph
+        rows = self.uploader.rows(slot_mapping.shape[0])
+        self.stage_fn(layer_idx, key, value, slot_mapping, rows, self.buffer)
+        if key.is_cuda and torch.cuda.is_current_stream_capturing():
+            self.graph_staging = True
+
+    def unstage_rows(self, num_rows: int) -> None:
+        """Makes a step that is not staged write all of its ``num_rows`` rows, should it replay a
+        graph captured with the staged path."""
+        if self.graph_staging and self.uploader is not None and num_rows > 0:
+            self.uploader.rows(num_rows).fill_(-1)
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -526,7 +580,7 @@ class NworInterceptor:
         elif slot_mapping is not self._slot_source:
             raise _Fallback(FallbackReason.SLOT_MAPPING)
         if self.stage_fn is not None:
-            self.stage_fn(layer_idx, key, value, slot_mapping, step, self.buffer)
+            self.stage_fn(layer_idx, key, value, slot_mapping, step.row_stage_index, self.buffer)
             self.buffer.mark_staged(layer_idx)
             return
         rows = step.draft_rows

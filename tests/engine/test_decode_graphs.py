@@ -106,7 +106,7 @@ def runner_for(scv="adaptive", mode="FULL_AND_PIECEWISE", query_len=5, dp=1, lor
 @pytest.mark.parametrize("runner, wanted", [
     (runner_for(), True),
     (runner_for(scv="off"), False),               # SCV off: every batch is vLLM's shape
-    (runner_for(mode="PIECEWISE"), False),        # no FULL decode graphs (NWOR on, or chosen)
+    (runner_for(mode="PIECEWISE"), False),        # no FULL decode graphs (chosen by the user)
     (runner_for(mode="FULL"), False),             # one routine for all batches: nothing to add
     (runner_for(query_len=1), False),             # no speculation
     (runner_for(dp=2), False),                    # data parallel: left to vLLM

@@ -121,6 +121,7 @@ def main(spec: dict, out_path: str) -> None:
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
         "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
         "counters": counters.as_dict() if counters else None,
+        "graph_steps": interceptor.graph_steps if interceptor is not None else None,
         "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
         "dispatches": dispatches,
         "attention_impl": type(layers[0].impl).__name__,

@@ -1,4 +1,5 @@
-"""NWOR on the real GPU engine (FLASH_ATTN), under vLLM's default compilation and CUDA graphs.
+"""NWOR on the real GPU engine (FLASH_ATTN), under vLLM's default compilation and CUDA graphs
+(verify batches replay FULL graphs captured with the staged path).
 
 Each run is a fresh process (tests/gpu/engine_probe_gpu.py) on a tiny random-weight bf16 Llama:
 - ngram, NWOR off vs on, default settings (torch.compile, CUDA graphs);
@@ -45,6 +46,12 @@ def probe(models, tmp_path, method, nwor, **spec) -> dict:
     return result
 
 
+def full_verify_steps(run: dict) -> int:
+    """Steps of more than one token per request that replayed a FULL graph."""
+    return sum(n for key, n in run["dispatches"].items()
+               if key.endswith(":FULL") and key.split(":")[0] not in ("1", "mixed"))
+
+
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
     return same / sum(len(r) for r in a)
@@ -60,8 +67,10 @@ def test_default_settings_tokens_and_counters(default_runs):
     off, on = default_runs[False], default_runs[True]
     assert on["attention_impl"] == "FlashAttentionImpl"
     assert on["async_scheduling"] == off["async_scheduling"]  # NWOR keeps vLLM's choice
-    assert off["cudagraph_mode"] == "FULL_AND_PIECEWISE"
-    assert on["cudagraph_mode"] == "PIECEWISE"  # verify batches leave FULL graphs
+    assert on["cudagraph_mode"] == off["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    # Verify batches replay FULL graphs (captured with the staged path) as often as without NWOR.
+    assert full_verify_steps(on) == full_verify_steps(off) > 0
+    assert 0 < on["graph_steps"] <= full_verify_steps(on)
     assert 0 < on["accepted"] < on["drafted"]
     counters = on["counters"]
     assert counters["fallbacks"] == {}
@@ -81,6 +90,7 @@ def test_draft_model_no_rejected_draft_reaches_the_cache(models, tmp_path):
     assert audit["num_violations"] == 0, audit["violations"]
     assert on["counters"]["fallbacks"].get("commit_error", 0) > 0
     assert on["counters"]["tokens_committed"] == on["accepted"]
+    assert on["graph_steps"] > 0  # the audit covered steps staged inside FULL graphs
 
 
 def test_draft_model_audit_catches_vllm_writing_rejected_drafts(models, tmp_path):

@@ -31,9 +31,9 @@ def setup(max_tokens=8, commit_fails=False):
         stage_kv_reference(key, value, key_caches[layer], value_caches[layer], slots, none,
                            buffer.key[layer], buffer.value[layer], buffer.slot_mapping)
 
-    def stage(layer, key, value, slots, step, buf):
+    def stage(layer, key, value, slots, row_stage_index, buf):
         stage_kv(key, value, key_caches[layer], value_caches[layer], slots,
-                 step.row_stage_index, buf.key[layer], buf.value[layer], buf.slot_mapping)
+                 row_stage_index, buf.key[layer], buf.value[layer], buf.slot_mapping)
 
     def commit(buf, slots):
         if commit_fails:

@@ -12,9 +12,11 @@ import sys
 import pytest
 import torch
 
+from vllm_nwor.kernels.stage_kv import stage_kv
 from vllm_nwor.staging import (
     PAD_SLOT_ID,
     FallbackReason,
+    IndexUploader,
     NworInterceptor,
     StagingBuffer,
     StagingOverflow,
@@ -399,6 +401,100 @@ def test_seed_bug6_staging_a_layer_does_not_wipe_the_others():
     run_forward(interceptor, layers=[1, 2, 3])
     assert interceptor.buffer.is_complete()
     assert interceptor.buffer.layers_with_data() == [0, 1, 2, 3]
+
+
+# -- FULL CUDA graphs ----------------------------------------------------------------------------
+# A captured graph runs the fused stage for every layer with the arguments it was captured with:
+# the uploader's fixed row index, vLLM's slot mapping padded with -1 to the graph's size. Here the
+# stage is stage_kv's PyTorch reference (what the Triton kernel is tested against on the GPU).
+
+PADDED_ROWS = 16
+
+
+def graph_interceptor(cache: FakeCache, max_tokens: int = 16) -> NworInterceptor:
+    buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu")
+
+    def stage_fn(layer_idx, key, value, slot_mapping, rows, buf) -> None:
+        stage_kv(key, value, cache.key[layer_idx].unsqueeze(1), cache.value[layer_idx].unsqueeze(1),
+                 slot_mapping, rows, buf.key[layer_idx], buf.value[layer_idx], buf.slot_mapping)
+
+    return NworInterceptor(buffer, cache.plain_write, None, stage_fn, kv_bytes_per_token=100,
+                           uploader=IndexUploader(64, "cpu"))
+
+
+def replay_graph(interceptor: NworInterceptor) -> None:
+    """What a FULL graph captured by stage_for_graph does at replay: no Python in the layers."""
+    slots = torch.cat([SLOTS, torch.full((PADDED_ROWS - NUM_ROWS,), PAD_SLOT_ID)])
+    for layer_idx in range(NUM_LAYERS):
+        key, value = layer_kv(layer_idx, NUM_ROWS)
+        pad = torch.full((PADDED_ROWS - NUM_ROWS, HEADS, DIM), 5.0)  # padding rows' K/V
+        interceptor.stage_fn(layer_idx, torch.cat([key, pad]), torch.cat([value, pad]), slots,
+                             interceptor.uploader.rows(PADDED_ROWS), interceptor.buffer)
+
+
+def captured(interceptor: NworInterceptor) -> NworInterceptor:
+    """Capture: layers called with several tokens per request stage through the fixed rows."""
+    seen = []
+    stage_fn = interceptor.stage_fn
+    interceptor.stage_fn = lambda layer_idx, key, value, slots, rows, buf: seen.append(rows)
+    interceptor.capturing = True
+    assert interceptor.stages_in_graph(max_query_len=4)
+    assert not interceptor.stages_in_graph(max_query_len=1)  # decode graphs stay vLLM's
+    key, value = layer_kv(0, PADDED_ROWS)
+    interceptor.stage_for_graph(0, key, value, torch.full((PADDED_ROWS,), PAD_SLOT_ID))
+    assert seen[0].data_ptr() == interceptor.uploader.rows(PADDED_ROWS).data_ptr()
+    interceptor.capturing, interceptor.stage_fn = False, stage_fn
+    interceptor.graph_staging = True  # what stage_for_graph records when a CUDA stream captures
+    return interceptor
+
+
+def test_each_step_uploads_its_row_index_where_the_graph_reads_it():
+    uploader = IndexUploader(64, "cpu")
+    for num_drafts, qsl in ((NUM_DRAFTS, QUERY_START_LOC), ([1, 1], [0, 2, 4])):
+        step = VerifyStep.from_batch(num_drafts, qsl, "cpu", uploader)
+        assert step.row_stage_index.data_ptr() == uploader.rows(1).data_ptr()
+
+
+@pytest.mark.parametrize("accepted", [[1, 0, 2], [0, 0, 0], [2, 0, 3]])
+def test_a_replayed_graph_stages_and_the_commit_writes_accepted_drafts(accepted):
+    cache = FakeCache()
+    interceptor = captured(graph_interceptor(cache))
+    for _ in range(2):  # the second step finds the first one's indices past its rows
+        step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
+        assert interceptor.begin(step)
+        replay_graph(interceptor)
+        interceptor.commit(step.accepted_mask(sampled(accepted)))
+    assert_cache_holds(cache, expected_slots(accepted))
+    counters = interceptor.counters()
+    assert counters.fallbacks == {} and interceptor.graph_steps == 2
+    assert counters.tokens_committed == 2 * sum(accepted)
+
+
+@pytest.mark.parametrize("why", ["no drafts", "overflow"])
+def test_a_step_that_is_not_staged_replays_the_graph_writing_every_row(why):
+    cache = FakeCache()
+    interceptor = captured(graph_interceptor(cache, max_tokens=2 if why == "overflow" else 16))
+    first = VerifyStep.from_batch([1, 0, 1], QUERY_START_LOC, "cpu", interceptor.uploader)
+    assert interceptor.begin(first)  # a staged step leaves its indices in the rows
+    replay_graph(interceptor)
+    interceptor.commit(first.accepted_mask(sampled([0, 0, 0])))  # its drafts rejected
+    step = None if why == "no drafts" else VerifyStep.from_batch(
+        NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
+    assert not interceptor.begin(step)
+    interceptor.unstage_rows(NUM_ROWS)  # what the runner does for such a step
+    replay_graph(interceptor)
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
+
+
+def test_a_graph_step_with_some_layers_run_in_python_is_incomplete():
+    cache = FakeCache()
+    interceptor = captured(graph_interceptor(cache))
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
+    assert interceptor.begin(step)
+    run_forward(interceptor, layers=[0, 1])
+    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    assert interceptor.counters().fallbacks == {"incomplete_staging": 1}
+    assert interceptor.graph_steps == 0
 
 
 # -- the core needs no vLLM --------------------------------------------------------------------

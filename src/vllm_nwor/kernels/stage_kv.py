@@ -2,13 +2,15 @@
 
 One launch per layer, in place of vLLM's ``reshape_and_cache_flash``. Row ``r`` of the step:
 
+- ``slot_mapping[r] < 0`` (padding): nothing is staged or written.
 - ``row_stage_index[r] >= 0``: a draft. Its K/V go to ``staged_key/value[row_stage_index[r]]``
   and its slot to ``staged_slots[row_stage_index[r]]``; the paged cache is not touched.
-- otherwise, if ``slot_mapping[r] >= 0``: K/V are copied to the cache at block
-  ``slot // block_size``, offset ``slot % block_size``: the bytes vLLM writes for an unquantized
-  cache. A slot of -1 (padding) writes nothing.
+- otherwise: K/V are copied to the cache at block ``slot // block_size``, offset
+  ``slot % block_size``: the bytes vLLM writes for an unquantized cache.
 
-Rows at or beyond ``len(row_stage_index)`` are treated as not staged.
+Rows at or beyond ``len(row_stage_index)`` are treated as not staged. Padding rows are skipped
+before their stage index is read, so a CUDA graph padded past the step's rows may read stale
+indices there.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def stage_kv_reference(
     stage_index = torch.full((n,), -1, dtype=torch.int64, device=key.device)
     m = min(n, row_stage_index.shape[0])
     stage_index[:m] = row_stage_index[:m].long()
-    staged = stage_index >= 0
+    staged = (stage_index >= 0) & (slot_mapping >= 0)
     idx = stage_index[staged]
     staged_key[idx] = key[:n][staged]
     staged_value[idx] = value[:n][staged]
@@ -71,9 +73,9 @@ if HAS_TRITON:
     ):
         row = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + row).to(tl.int64)
-        index = tl.load(stage_index_ptr + row, mask=row < num_stage_rows, other=-1).to(tl.int64)
-        if index < 0 and slot < 0:
+        if slot < 0:
             return
+        index = tl.load(stage_index_ptr + row, mask=row < num_stage_rows, other=-1).to(tl.int64)
         h = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < NUM_HEADS) & (d < HEAD_SIZE)

@@ -12,8 +12,8 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 6. ``CPUAttentionBackendImpl.forward``: chunk-verify attention in staged steps (and no 2nd write).
 7. ``FlashAttentionImpl.do_kv_cache_update``: fused stage kernel for bound layers.
 8. ``FlashAttentionImpl.forward``: FA over the prefix + Triton chunk-and-merge in staged steps.
-9. ``FlashAttentionMetadataBuilder.get_cudagraph_support``: with NWOR on, verify batches run
-   PIECEWISE (FULL graphs were captured without the staged path).
+9. ``GPUModelRunner.capture_model``: with NWOR on, FULL graphs of batches that may verify are
+   captured with the staged path (docs/gpu.md).
 10. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
 11. ``Scheduler.__init__``: create the SCV chunk policy when ``scv`` is on.
 12. ``Scheduler._update_after_schedule``: the draft budget for the drafter.

@@ -10,11 +10,11 @@ In a staged verify step, for each bound target layer:
 
 After rejection sampling, one Triton launch commits every layer's accepted drafts.
 
-CUDA graphs: the staged path reads its per-step indices from device buffers, but the decision
-to stage is made in Python, so verify batches cannot replay FULL graphs captured without it.
-NWOR therefore caps FLASH_ATTN's CUDA-graph support at single-token decode, and vLLM runs
-verify batches as PIECEWISE graphs (attention eager, the rest captured). The benchmark's
-overhead figure includes that cost.
+CUDA graphs: vLLM's FULL graphs for batches of more than one token per request are captured
+with this staged path (``NworInterceptor.stage_for_graph``). Everything it reads is a device
+buffer at a fixed address (the rows to stage, vLLM's slot mapping, sequence lengths and query
+starts, the staging buffer), so a verify batch replays a FULL graph as it does without NWOR, and
+a step that is not staged replays the same graph with every row written (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -23,15 +23,20 @@ from typing import Any
 
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_nwor.config import NworConfigError, config_from_additional
+from vllm_nwor.config import NworConfigError
 from vllm_nwor.kernels.chunk_attention import chunk_attention_merge
 from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv
 from vllm_nwor.kernels.stage_kv import stage_kv
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import staged_binding, wrap_kv_cache_update
-from vllm_nwor.staging import CommitFn, StageFn, StagingBuffer, VerifyStep
+from vllm_nwor.patches.model_runner import (
+    INTERCEPTOR_ATTR,
+    staged_binding,
+    wrap_kv_cache_update,
+)
+from vllm_nwor.staging import CommitFn, StageFn, StagingBuffer
 
 
 def _split_cache(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,10 +102,10 @@ class FlashAttnBackend:
         commit_kv(buffer.key, buffer.value, empty, key_caches, value_caches, offsets)
         checked: set[int] = set()
 
-        def stage(layer_idx, key, value, slot_mapping, step: VerifyStep, buf) -> None:
+        def stage(layer_idx, key, value, slot_mapping, row_stage_index, buf) -> None:
             first_time = layer_idx not in checked
             stage_kv(key, value, key_caches[layer_idx], value_caches[layer_idx], slot_mapping,
-                     step.row_stage_index, buf.key[layer_idx], buf.value[layer_idx],
+                     row_stage_index, buf.key[layer_idx], buf.value[layer_idx],
                      buf.slot_mapping, checked=first_time)
             checked.add(layer_idx)
 
@@ -150,6 +155,7 @@ def _wrap_forward(forward):
             causal=False,
             block_table=attn_metadata.block_table,
             fa_version=self.vllm_flash_attn_version,
+            num_splits=attn_metadata.max_num_splits,  # as vLLM's own call: fixed in FULL graphs
             return_softmax_lse=True,
         )
         chunk_attention_merge(query[:n], key[:n], value[:n], query_start_loc,
@@ -160,15 +166,18 @@ def _wrap_forward(forward):
     return wrapper
 
 
-def _wrap_get_cudagraph_support(get_cudagraph_support):
-    def wrapper(cls, vllm_config, kv_cache_spec):
-        support = get_cudagraph_support.__func__(cls, vllm_config, kv_cache_spec)
-        if not config_from_additional(vllm_config.additional_config).nwor:
-            return support
-        cap = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-        return support if support.value <= cap.value else cap
+def _wrap_capture_model(capture_model):
+    def wrapper(self, *args, **kwargs):
+        interceptor = getattr(self, INTERCEPTOR_ATTR, None)
+        if interceptor is None:
+            return capture_model(self, *args, **kwargs)
+        interceptor.capturing = True
+        try:
+            return capture_model(self, *args, **kwargs)
+        finally:
+            interceptor.capturing = False
 
-    return classmethod(wrapper)
+    return wrapper
 
 
 PATCHES = [
@@ -187,10 +196,11 @@ PATCHES = [
         "launch for the step's chunk and the merge.",
     ),
     Patch(
-        fa.FlashAttentionMetadataBuilder,
-        "get_cudagraph_support",
-        _wrap_get_cudagraph_support,
-        why="With NWOR on, verify batches must not replay FULL graphs captured without the "
-        "staged path: report single-token-decode support so vLLM runs them PIECEWISE.",
+        GPUModelRunner,
+        "capture_model",
+        _wrap_capture_model,
+        why="While vLLM warms up and captures its CUDA graphs, bound layers called with more "
+        "than one token per request take the staged path, so FULL graphs of verify batches "
+        "stage drafts (NworInterceptor.stage_for_graph).",
     ),
 ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -85,18 +86,37 @@ def staged_binding(layer: Attention, attn_metadata: Any) -> LayerBinding | None:
     binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
     if binding is None or attn_metadata is None:
         return None
-    return binding if binding.interceptor.is_staged(binding.layer_idx) else None
+    interceptor = binding.interceptor
+    if interceptor.is_staged(binding.layer_idx) or _stages_in_graph(interceptor, attn_metadata):
+        return binding
+    return None
+
+
+def _stages_in_graph(interceptor: NworInterceptor, attn_metadata: Any) -> bool:
+    return interceptor.capturing and interceptor.stages_in_graph(
+        getattr(attn_metadata, "max_query_len", 1))
+
+
+def _layer_metadata(layer: Attention) -> Any:
+    """The forward context's attention metadata for ``layer`` (None with micro-batches)."""
+    metadata = get_forward_context().attn_metadata
+    return metadata.get(layer.layer_name) if isinstance(metadata, dict) else None
 
 
 def wrap_kv_cache_update(do_kv_cache_update):
     """A backend's ``do_kv_cache_update``: a bound layer's write goes to the interceptor during
-    a verify step; every other call (draft-model layers, other steps) is vLLM's own."""
+    a verify step, and to the graph's staged path while vLLM captures batches that may verify;
+    every other call (draft-model layers, other steps) is vLLM's own."""
 
     def wrapper(self, layer, key, value, kv_cache, slot_mapping):
         binding: LayerBinding | None = getattr(layer, BINDING_ATTR, None)
-        if binding is None or not binding.interceptor.active:
-            return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
-        binding.interceptor.stage(binding.layer_idx, key, value, slot_mapping)
+        if binding is not None:
+            interceptor = binding.interceptor
+            if interceptor.active:
+                return interceptor.stage(binding.layer_idx, key, value, slot_mapping)
+            if interceptor.capturing and _stages_in_graph(interceptor, _layer_metadata(layer)):
+                return interceptor.stage_for_graph(binding.layer_idx, key, value, slot_mapping)
+        return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
 
     return wrapper
 
@@ -213,7 +233,10 @@ def _wrap_prepare_inputs(prepare_inputs):
                     self.device,
                     interceptor.uploader,
                 )
-            interceptor.begin(step)
+            if not interceptor.begin(step) and len(num_scheduled_tokens) and \
+                    num_scheduled_tokens.max() > 1:
+                # A FULL graph captured with the staged path may replay: write every row.
+                interceptor.unstage_rows(int(num_scheduled_tokens.sum()))
         return logits_indices, spec_decode_metadata
 
     return wrapper
