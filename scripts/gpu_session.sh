@@ -23,19 +23,10 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan (for 4 GPUs): NWOR with its staged path inside FULL graphs (the GPU
-# tests of NWOR, the overhead benchmark at k = 4 for both methods, then k = 8 and k = 2 as time
-# allows), and the SCV group that ran out of memory on 2026-11-22 with less memory per engine.
-stream0() { step gpu_tests tests -k "not scv and not lazy and not graphs and not window"; }
-stream1() {
-  step nwor_dm4 nwor_overhead --method draft_model --k 4
-  step nwor_dm8 nwor_overhead --method draft_model --k 8
-}
-stream2() {
-  step nwor_ng4 nwor_overhead --method ngram --k 4
-  step nwor_ng2 nwor_overhead --method ngram --k 2
-}
-stream3() { step scv_b scv_bench --policies fixed_k2 fixed_k8 scv --reps 2 --memory 0.8; }
+# The next session's plan (one GPU is enough): the corrected NWOR default-settings test, and
+# NWOR's overhead at small batch with four repetitions a side (two left cells unreadable).
+stream0() { step gpu_tests tests -k "default_settings"; }
+stream1() { step nwor_dm4_small nwor_overhead --method draft_model --k 4 --batches 1 8 --reps 4; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
