@@ -481,11 +481,12 @@ class NworInterceptor:
             return
         buffer = self.buffer
         if not buffer.is_complete():
-            if not (self.graph_staging and not buffer.layers_with_data()):
+            # No layer ran Python: the step replayed a FULL graph, which staged every layer.
+            replayed = self.graph_staging and not buffer.layers_with_data()
+            if not replayed:
                 self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
                 self._write_all_staged()
                 return
-            # No layer ran Python: the step replayed a FULL graph, which staged every layer.
             for layer_idx in range(buffer.num_layers):
                 buffer.mark_staged(layer_idx)
             self.graph_steps += 1

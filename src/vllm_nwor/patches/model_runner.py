@@ -114,6 +114,7 @@ def wrap_kv_cache_update(do_kv_cache_update):
             interceptor = binding.interceptor
             if interceptor.active:
                 return interceptor.stage(binding.layer_idx, key, value, slot_mapping)
+            # capturing first: no forward-context lookup per layer outside graph capture
             if interceptor.capturing and _stages_in_graph(interceptor, _layer_metadata(layer)):
                 return interceptor.stage_for_graph(binding.layer_idx, key, value, slot_mapping)
         return do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping)
