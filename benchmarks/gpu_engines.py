@@ -80,10 +80,16 @@ def generate_at_concurrency(llm, batch_prompts, params, concurrency: int) -> lis
     return [outputs[i] for i in range(len(batch_prompts))]
 
 
+ENV_KEY = "_env"
+"""In an engine's kwargs: environment variables its process sets before building the LLM."""
+
+
 def engine_main(conn, kwargs: dict) -> None:
     """Engine process: builds one LLM, then serves ("run", prompts, extra_args, concurrency)
     until stop; concurrency None sends the whole batch to ``LLM.generate`` at once."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    kwargs = dict(kwargs)
+    os.environ.update(kwargs.pop(ENV_KEY, {}))
     from vllm import LLM, SamplingParams
 
     import vllm_nwor

@@ -91,7 +91,8 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
     return list(dict.fromkeys(v for v in values if 1.0 <= v <= k + 1))
 
 
-def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None) -> dict:
+def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
+             profile_batches=(), profile_length=3.0) -> dict:
     engines = start_engines({
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode),
         "on": engine_kwargs(target, draft, method, k, True, max(batches))})
@@ -110,9 +111,20 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
                         results[name].append(run)
                 rows.append(summarise(method, k, L, batch, results))
                 print(json.dumps(rows[-1]), flush=True)
+        profiles = []
+        for batch in profile_batches:
+            extra = [{"synthetic_acceptance_rate": rate_for_length(profile_length, k)}] * batch
+            batch_prompts = prompts(batch, seed=7)
+            for name, engine in engines.items():
+                run = engine.profile(batch_prompts, extra)
+                profiles.append({"profile": name, "method": method, "k": k,
+                                 "L": profile_length, "batch": batch,
+                                 "tok_s": round(tokens_per_second(run), 1),
+                                 "tables": run["profile"]})
+                print(name, batch, profiles[-1]["tok_s"], flush=True)
         return {"startup_seconds": {n: round(e.startup_seconds, 1) for n, e in engines.items()},
                 "baseline_cudagraph_mode": baseline_mode or "vLLM default (FULL_AND_PIECEWISE)",
-                "cells": rows}
+                "cells": rows, "profiles": profiles}
     finally:
         stop_engines(engines)
 
@@ -151,10 +163,11 @@ def summarise(method, k, L, batch, results) -> dict:
 def merge(jsonl: Path, result: Path) -> None:
     from common import recorded_environment
 
-    cells, startups = [], []
+    cells, startups, profiles = [], [], []
     for line in jsonl.read_text().splitlines():
         record = json.loads(line)
         cells += record["cells"]
+        profiles += record.get("profiles", [])
         startups.append(record["startup_seconds"])
     payload = {**recorded_environment(jsonl), "benchmark": "nwor_overhead",
                "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
@@ -165,6 +178,8 @@ def merge(jsonl: Path, result: Path) -> None:
                    r.get("baseline_cudagraph_mode", "vLLM default (FULL_AND_PIECEWISE)")
                    for r in map(json.loads, jsonl.read_text().splitlines())}),
                "startup_seconds": startups, "cells": cells}
+    if profiles:
+        payload["profiles"] = profiles
     result.parent.mkdir(parents=True, exist_ok=True)
     result.write_text(json.dumps(payload, indent=1) + "\n")
     print(result)
@@ -181,6 +196,11 @@ def main() -> None:
                         help="run the NWOR-off engine in this mode: splits NWOR's overhead "
                         "into what leaving FULL graphs costs and what NWOR's own work costs")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--profile-batches", type=int, nargs="*", default=[],
+                        help="after the cells, one profiled run per engine at each of these "
+                        "batch sizes (torch profiler and cProfile tables)")
+    parser.add_argument("--profile-L", type=float, default=3.0,
+                        help="mean acceptance length of the profiled runs")
     args = parse_or_merge(parser, merge)
     if args is None:
         return
@@ -189,7 +209,8 @@ def main() -> None:
         for k in args.k:
             append_jsonl(args.jsonl, run_pair(target, draft, args.method, k,
                                               lengths_for(k, args.L), args.batches, args.reps,
-                                              args.baseline_cudagraph_mode))
+                                              args.baseline_cudagraph_mode,
+                                              args.profile_batches, args.profile_L))
 
 
 if __name__ == "__main__":

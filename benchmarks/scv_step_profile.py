@@ -1,16 +1,21 @@
 """Where a speculative step's time goes when SCV verifies nothing: a diagnostic, one GPU.
 
-Four engines side by side, all with async scheduling, on the uniform L=1.5 workload (per-request
-synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV adaptive, and SCV
-held at chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its
-worth, probes rare), which isolates the spec path's floor from SCV's choices. ``vllm_k0`` is
-vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``), with no
-plugin feature on: the same floor without the plugin; ``vllm_ngram_k0`` is that with ngram_gpu,
-whose drafter runs no model. It reports throughput per batch size (alternating, two reps) and,
-at each of ``--profile-batches`` (1 by default), torch profiler tables of one run per engine
-(self CPU time and self CUDA time by op) and cProfile's tables of the same run (the engine is
-in-process: scheduler, runner and plugin). Greedy tokens of each engine are compared with no
-speculation's: SCV held at chunk 0 verifies no drafts, so they must match.
+Engines side by side (``--engines``), all with async scheduling, on the uniform L=1.5 workload
+(per-request synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV
+adaptive, and SCV held at chunk 0 by a given cost model (``scv_cost_model``: verification priced
+far above its worth, probes rare), which isolates the spec path's floor from SCV's choices.
+``vllm_k0`` is vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``),
+with no plugin feature on: the same floor without the plugin; ``vllm_ngram_k0`` is that with
+ngram_gpu, whose drafter runs no model. ``no_spec_v1`` is no speculation on vLLM's V1 model
+runner: vLLM 0.26 runs plain decoding of this model on its V2 runner but speculation with
+draft_model or ngram on V1 (``VllmConfig.use_v2_model_runner``), so the two no-speculation
+engines tell the runners' difference apart from what speculating costs.
+
+It reports throughput per batch size (alternating, two reps) and, at each of
+``--profile-batches`` (1 by default), torch profiler tables of one run per engine (self CPU time
+and self CUDA time by op) and cProfile's tables of the same run (the engine is in-process:
+scheduler, runner and plugin). Greedy tokens of each engine are compared with no speculation's:
+SCV held at chunk 0 verifies no drafts, so they must match.
 
     python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
     python benchmarks/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
@@ -30,6 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
 from gpu_engines import (  # noqa: E402
+    ENV_KEY,
     agreement,
     alternate,
     prompts,
@@ -43,7 +49,8 @@ from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 
 
-ENGINES = ("no_spec", "fixed_k4", "scv", "scv_chunk0", "vllm_k0", "vllm_ngram_k0")
+ENGINES = ("no_spec", "no_spec_v1", "fixed_k4", "scv", "scv_chunk0", "vllm_k0",
+           "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
 
 
@@ -51,8 +58,11 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
     out = {}
     for name in names:
-        policy = {"scv_chunk0": "scv"}.get(name, "fixed_k8" if name.startswith("vllm_") else name)
+        policy = {"scv_chunk0": "scv", "no_spec_v1": "no_spec"}.get(
+            name, "fixed_k8" if name.startswith("vllm_") else name)
         out[name] = engine_kwargs(policy, target, draft, max_batch, share)
+        if name == "no_spec_v1":  # the model runner every draft_model/ngram engine gets
+            out[name][ENV_KEY] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
         speculative = out[name].get("speculative_config")
         if name == "scv_chunk0":
             out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}

@@ -23,10 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan (one GPU is enough): the corrected NWOR default-settings test, and
-# NWOR's overhead at small batch with four repetitions a side (two left cells unreadable).
-stream0() { step gpu_tests tests -k "default_settings"; }
-stream1() { step nwor_dm4_small nwor_overhead --method draft_model --k 4 --batches 1 8 --reps 4; }
+# This plan (one GPU): where SCV's chunk-0 gap to plain decoding comes from (vLLM runs plain
+# decoding on its V2 model runner, speculation on V1: no_spec_v1 tells them apart), and
+# profiles of NWOR on and off at batch 1 and 32 (draft_model, k 4, L 3).
+stream0() { step chunk0_runners scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
+  --batches 1 32 128 --profile-batches 1 128; }
+stream1() { step nwor_profile nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 32 \
+  --profile-batches 1 32; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
