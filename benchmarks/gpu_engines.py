@@ -84,12 +84,36 @@ ENV_KEY = "_env"
 """In an engine's kwargs: environment variables its process sets before building the LLM."""
 
 
+ABLATE_KEY = "_ablate"
+"""In an engine's kwargs: plugin work its process leaves out (:func:`ablate`), a diagnostic."""
+
+
+def ablate(names: list[str]) -> None:
+    """Leaves plugin work out, to measure what it costs. Only for SCV held at chunk 0, where
+    the result stays right: ``plan`` plans chunk 0 for every request without the policy;
+    ``record`` skips the lazy draft sync's record of skipped steps (no catch-up ever needs
+    it)."""
+    from vllm_nwor.patches.draft_sync import LazyDraftSync
+    from vllm_nwor.scv import ChunkPolicy
+
+    def plan_zero(self, req_ids):
+        self._plan, self._budget, self._cuts = dict.fromkeys(req_ids, 0), 0, []
+        return self._plan
+
+    patches = {"plan": (ChunkPolicy, "plan", plan_zero),
+               "record": (LazyDraftSync, "record_skipped_step", lambda self, runner: None)}
+    for name in names:
+        owner, attribute, replacement = patches[name]
+        setattr(owner, attribute, replacement)
+
+
 def engine_main(conn, kwargs: dict) -> None:
     """Engine process: builds one LLM, then serves ("run", prompts, extra_args, concurrency)
     until stop; concurrency None sends the whole batch to ``LLM.generate`` at once."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     kwargs = dict(kwargs)
     os.environ.update(kwargs.pop(ENV_KEY, {}))
+    ablate(kwargs.pop(ABLATE_KEY, []))
     from vllm import LLM, SamplingParams
 
     import vllm_nwor

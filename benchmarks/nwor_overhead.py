@@ -3,7 +3,9 @@
 For each (method, k) the driver starts two engine processes on the GPU, one after the other:
 vLLM with its defaults (CUDA graphs FULL_AND_PIECEWISE) and vLLM with ``"nwor": true`` (whose
 verify batches replay FULL graphs captured with the staged path, see docs/gpu.md). It then sends
-the same batches to both, alternating A B, B A, and records per cell (L, batch size):
+the same batches to both, alternating A B, B A, after one unrecorded pass over every cell (a
+burn-in), and records per cell (L, batch size; ``--min-requests`` keeps that batch in flight
+over more requests, so that small batches run long enough to time):
 
 - output throughput (generated tokens / wall time of ``LLM.generate``), on/off ratio;
 - median inter-token latency (per request ``(last - first token) / (tokens - 1)``, median over
@@ -92,22 +94,37 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
 
 
 def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
-             profile_batches=(), profile_length=3.0) -> dict:
+             profile_batches=(), profile_length=3.0, min_requests=1) -> dict:
     engines = start_engines({
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode),
         "on": engine_kwargs(target, draft, method, k, True, max(batches))})
     rows = []
+
+    def cell(L: float, batch: int, rep: int) -> dict[str, dict]:
+        """One run per engine: max(batch, min_requests) requests, batch of them in flight."""
+        count = max(batch, min_requests)
+        extra = [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * count
+        batch_prompts = prompts(count, seed=1000 * batch + rep)
+        runs = alternate(engines, batch_prompts, rep, extra,
+                         batch if count > batch else None)
+        for run in runs.values():
+            run["prompts"] = batch_prompts
+        return runs
+
     try:
         for engine in engines.values():  # warm-up: JIT compiles, first-call costs
             engine.run(prompts(2, seed=99))
+        # Burn-in, not recorded: every cell once. First runs of a batch shape or acceptance
+        # were slow on either engine (2026-11-22: on/off 1.39 at batch 1 and 1.13 at batch 32
+        # in a run without it, 0.90 and 1.04 in profiled runs of the same cells after it).
         for L in lengths:
             for batch in batches:
-                extra = [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * batch
+                cell(L, batch, -1)
+        for L in lengths:
+            for batch in batches:
                 results = {"off": [], "on": []}
                 for rep in range(reps):
-                    batch_prompts = prompts(batch, seed=1000 * batch + rep)
-                    for name, run in alternate(engines, batch_prompts, rep, extra).items():
-                        run["prompts"] = batch_prompts
+                    for name, run in cell(L, batch, rep).items():
                         results[name].append(run)
                 rows.append(summarise(method, k, L, batch, results))
                 print(json.dumps(rows[-1]), flush=True)
@@ -157,6 +174,7 @@ def summarise(method, k, L, batch, results) -> dict:
         "measured_L": round(1 + accepted / max(1, drafted) * k, 3),
         "nwor_fallbacks": on[-1]["fallbacks"],
         "reps": len(on),
+        "requests_per_run": len(on[0]["tokens"]),
     }
 
 
@@ -196,6 +214,9 @@ def main() -> None:
                         help="run the NWOR-off engine in this mode: splits NWOR's overhead "
                         "into what leaving FULL graphs costs and what NWOR's own work costs")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--min-requests", type=int, default=1,
+                        help="each run serves at least this many requests, the cell's batch "
+                        "of them in flight (a batch-1 run of one request is too short to time)")
     parser.add_argument("--profile-batches", type=int, nargs="*", default=[],
                         help="after the cells, one profiled run per engine at each of these "
                         "batch sizes (torch profiler and cProfile tables)")
@@ -210,7 +231,8 @@ def main() -> None:
             append_jsonl(args.jsonl, run_pair(target, draft, args.method, k,
                                               lengths_for(k, args.L), args.batches, args.reps,
                                               args.baseline_cudagraph_mode,
-                                              args.profile_batches, args.profile_L))
+                                              args.profile_batches, args.profile_L,
+                                              args.min_requests))
 
 
 if __name__ == "__main__":

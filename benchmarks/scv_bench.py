@@ -90,7 +90,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
 
 
 def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
-              prompt_len: int, memory: float, closed_batch: bool = False) -> dict:
+              prompt_len: int, memory: float, closed_batch: bool = False,
+              names: list[str] | None = None) -> dict:
     share = round(memory / len(policies), 3)
     engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
                              for p in policies})
@@ -102,6 +103,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             for batch in batches:
                 engine.run(prompts(batch, seed=99))
         for name, pattern in workloads().items():
+            if names is not None and name not in names:
+                continue
             for batch in batches:
                 count = batch if closed_batch else 2 * batch
                 rates = [pattern[i % len(pattern)] for i in range(count)]
@@ -197,6 +200,8 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", choices=POLICIES,
                         default=["no_spec", "fixed_k4", "scv"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
+    parser.add_argument("--workloads", nargs="+", choices=list(workloads()),
+                        default=list(workloads()))
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--closed-batch", action="store_true",
                         help="send each batch at once instead of keeping `batch` in flight")
@@ -211,7 +216,7 @@ def main() -> None:
         target, draft = write_models(Path(root))
         append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
                                            args.reps, args.prompt_len, args.memory,
-                                           args.closed_batch))
+                                           args.closed_batch, args.workloads))
 
 
 if __name__ == "__main__":

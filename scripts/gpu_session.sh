@@ -23,13 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): where SCV's chunk-0 gap to plain decoding comes from (vLLM runs plain
-# decoding on its V2 model runner, speculation on V1: no_spec_v1 tells them apart), and
-# profiles of NWOR on and off at batch 1 and 32 (draft_model, k 4, L 3).
-stream0() { step chunk0_runners scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
-  --batches 1 32 128 --profile-batches 1 128; }
-stream1() { step nwor_profile nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 32 \
-  --profile-batches 1 32; }
+# This plan (one GPU, streams one after the other):
+# 0. SCV's chunk-0 step after cutting its host work, against vLLM's V1 runner without
+#    speculation and against the same engine without the plugin's host work at all;
+# 1. SCV against no speculation and the best fixed k on L=1.5 and the mix;
+# 2. NWOR on/off with a burn-in pass and eight requests per run (draft_model, k 4).
+stream0() { step chunk0_ablation scv_step_profile --engines no_spec_v1 scv_chunk0 \
+  scv_chunk0_bare --batches 1 32 128 --no-profile; }
+stream1() { step scv_l15_mix scv_bench --policies no_spec fixed_k2 scv --memory 0.8 \
+  --workloads uniform_L1.5 mixed_L1.2_and_full; }
+stream2() { step nwor_dm4 nwor_overhead --method draft_model --k 4 --batches 1 8 32 128 \
+  --reps 3 --min-requests 8; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -36,6 +36,7 @@ More in docs/telemetry.md.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -148,8 +149,8 @@ class TelemetryMetrics:
         labels = self._labels(engine_idx)
         chunk_size = self.chunk_size.labels(*labels)
         for size, count in enumerate(stats.chunk_size_counts):
-            for _ in range(count):
-                chunk_size.observe(size)
+            if count:
+                observe_many(chunk_size, size, count)
         if stats.chunk_size_counts and stats.chunk_size_counts[0]:
             self.chunk_zero_steps.labels(*labels).inc(stats.chunk_size_counts[0])
         if stats.nwor_counters is not None:
@@ -175,6 +176,27 @@ class TelemetryMetrics:
         for request in requests:
             if request.num_spec_steps:
                 histogram.observe(request.mean_acceptance_length)
+
+
+def observe_many(histogram: prometheus_client.Histogram, amount: float, count: int) -> None:
+    """``histogram.observe(amount)``, ``count`` times, at the cost of one.
+
+    A step of a large batch brings one chunk-size observation per request. prometheus_client
+    has no call for many equal observations, so this adds them to the sum and to the one
+    bucket ``observe`` would pick (the first bound at or above ``amount``), through the
+    histogram's value objects (``_sum``, ``_buckets``, ``_upper_bounds``: the same in the
+    multiprocess mode vLLM uses with several API servers). A prometheus_client without them
+    gets ``count`` observations.
+    """
+    total = getattr(histogram, "_sum", None)
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    if total is None or buckets is None or bounds is None or len(buckets) != len(bounds):
+        for _ in range(count):
+            histogram.observe(amount)
+        return
+    total.inc(amount * count)
+    buckets[bisect.bisect_left(bounds, amount)].inc(count)
 
 
 def _increase(last: int, total: int) -> int:

@@ -52,9 +52,10 @@ EXPLORE_INTERVAL = 32
 """Every this many steps, a step that drafts verifies a plan near the chosen one instead."""
 
 
-@dataclass(frozen=True)
-class SpecChunk:
-    """One request's drafts in one verify step, and how many of them were accepted."""
+class SpecChunk(NamedTuple):
+    """One request's drafts in one verify step, and how many of them were accepted.
+
+    A named tuple: the scheduler builds one per verified request per step."""
 
     req_id: str
     draft_token_ids: tuple[int, ...]
@@ -72,22 +73,80 @@ class SpecChunk:
         return range(self.first_position, self.first_position + self.size)
 
 
+class RequestTable:
+    """Per-request numbers in numpy columns, one row per request.
+
+    The policy reads and writes a whole batch's rows each step; one pass over the request ids
+    finds the rows (:meth:`rows`), and the rest is numpy, not a Python loop per request.
+    Rows of forgotten requests are reused.
+    """
+
+    def __init__(self, **defaults: float) -> None:
+        self._defaults = defaults
+        self._index: dict[str, int] = {}
+        self._free: list[int] = []
+        self.columns = {name: np.full(16, value) for name, value in defaults.items()}
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._index
+
+    def rows(self, req_ids: Sequence[str]) -> np.ndarray:
+        """The rows of ``req_ids``, in order; requests not seen before get rows of defaults."""
+        index = self._index
+        try:
+            return np.fromiter((index[r] for r in req_ids), dtype=np.intp, count=len(req_ids))
+        except KeyError:
+            for req_id in req_ids:
+                if req_id not in index:
+                    index[req_id] = self._new_row()
+            return np.fromiter((index[r] for r in req_ids), dtype=np.intp, count=len(req_ids))
+
+    def _new_row(self) -> int:
+        if self._free:
+            row = self._free.pop()
+        else:
+            row = len(self._index)
+            capacity = len(next(iter(self.columns.values()), ()))
+            if row >= capacity:
+                for name, column in self.columns.items():
+                    grown = np.full(2 * capacity, self._defaults[name], dtype=column.dtype)
+                    grown[:capacity] = column
+                    self.columns[name] = grown
+        for name, column in self.columns.items():
+            column[row] = self._defaults[name]
+        return row
+
+    def forget(self, req_id: str) -> None:
+        row = self._index.pop(req_id, None)
+        if row is not None:
+            self._free.append(row)
+
+
 class AcceptanceEstimator:
     """Per-request probability that the next draft is accepted, forgetting old steps.
 
     A chunk of size ``c`` with ``n`` accepted is ``n`` acceptances, plus one rejection when
     ``n < c``. Every step (:meth:`tick`) multiplies all counts by ``1 - 1/window``, whether the
     request verified anything or not, so a request idling at chunk 0 sheds its old rejections
-    and a probe can bring it back. The prior is worth one observation: the engine's recent
-    acceptance over all requests (the same counts, pooled and forgetting alike; the Jeffreys
-    prior, half an acceptance and half a rejection, for the pool), so a new request starts
-    where the traffic is and a request that never accepts is not kept far from 0.
+    and a probe can bring it back. The prior is worth one observation: where the traffic is,
+    so a new request starts there and a request that never accepts is not kept far from 0.
+    For a batch (:meth:`rates`) that is the mean of its requests' own acceptance, each request
+    with some evidence counted once: pooling their drafts instead would weigh each request by
+    the drafts it was given, and the policy gives most to those that accept (with half the
+    requests accepting everything and half nothing, the pool said 0.9, and every new request
+    was given drafts until its own rejections outweighed that). Where no request of the batch
+    has evidence, it is the engine's recent acceptance over all drafts (the same counts, pooled
+    and forgetting alike; the Jeffreys prior, half an acceptance and half a rejection, for the
+    pool).
     """
 
     def __init__(self, window: int) -> None:
         self.decay = 1.0 - 1.0 / window
         self._step = 0
-        self._counts: dict[str, tuple[float, float, int]] = {}
+        self._table = RequestTable(accepted=0.0, rejected=0.0, last=0.0)
         self._pool = (0.0, 0.0)  # all requests' accepted and rejected counts, decayed
         self._prior = 0.5
 
@@ -102,23 +161,40 @@ class AcceptanceEstimator:
         self._pool = (accepted * self.decay, rejected * self.decay)
         self._prior = (self._pool[0] + 0.5) / (sum(self._pool) + 1.0)
 
-    def _decayed(self, req_id: str) -> tuple[float, float]:
-        accepted, rejected, last = self._counts.get(req_id, (0.0, 0.0, self._step))
-        factor = self.decay ** (self._step - last)
-        return accepted * factor, rejected * factor
+    def _decayed(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        columns = self._table.columns
+        factor = self.decay ** (self._step - columns["last"][rows])
+        return columns["accepted"][rows] * factor, columns["rejected"][rows] * factor
 
     def observe(self, req_id: str, size: int, accepted: int) -> None:
-        old_accepted, old_rejected = self._decayed(req_id)
-        rejected = 1.0 if accepted < size else 0.0
-        self._counts[req_id] = (old_accepted + accepted, old_rejected + rejected, self._step)
-        self._pool = (self._pool[0] + accepted, self._pool[1] + rejected)
+        self.observe_many([req_id], np.array([size]), np.array([accepted]))
+
+    def observe_many(self, req_ids: Sequence[str], sizes: np.ndarray,
+                     accepted: np.ndarray) -> None:
+        """One verdict per request (no request twice): ``accepted`` of ``sizes`` drafts."""
+        rows = self._table.rows(req_ids)
+        old_accepted, old_rejected = self._decayed(rows)
+        rejected = (accepted < sizes).astype(float)
+        columns = self._table.columns
+        columns["accepted"][rows] = old_accepted + accepted
+        columns["rejected"][rows] = old_rejected + rejected
+        columns["last"][rows] = self._step
+        self._pool = (self._pool[0] + float(accepted.sum()),
+                      self._pool[1] + float(rejected.sum()))
 
     def rate(self, req_id: str) -> float:
-        accepted, rejected = self._decayed(req_id)
-        return (accepted + self._prior) / (accepted + rejected + 1.0)
+        return float(self.rates([req_id])[0])
+
+    def rates(self, req_ids: Sequence[str]) -> np.ndarray:
+        """Each request's acceptance probability, with the batch's prior (see the class)."""
+        accepted, rejected = self._decayed(self._table.rows(req_ids))
+        evidence = accepted + rejected
+        seen = evidence >= 1.0
+        prior = float(np.mean(accepted[seen] / evidence[seen])) if seen.any() else self._prior
+        return (accepted + prior) / (evidence + 1.0)
 
     def forget(self, req_id: str) -> None:
-        self._counts.pop(req_id, None)
+        self._table.forget(req_id)
 
 
 class StepCost(NamedTuple):
@@ -275,10 +351,14 @@ class ChunkPolicy:
         self.cost = cost or StepCostModel(fixed_coefficients=settings.cost_model)
         self._rng = np.random.default_rng(seed)
         self._plan: dict[str, int] = {}
-        self._probes: set[str] = set()  # planned this step
-        self._awaiting_probe: set[str] = set()  # planned, verdict not seen yet
-        self._idle_steps: dict[str, int] = {}
-        self._probe_wait: dict[str, int] = {}
+        self._budget = 0
+        self._cuts: list[tuple[str, int]] = []  # planned chunks shorter than the budget
+        self.probes: frozenset[str] = frozenset()
+        """The requests this step's plan probes."""
+        # idle_from: the step a request's current run at chunk 0 began (-1: not at chunk 0);
+        # probe_wait: steps at chunk 0 before its next probe; awaiting: a probe's verdict is due.
+        self._requests = RequestTable(idle_from=-1, probe_wait=settings.probe_interval,
+                                      awaiting=0)
         self.budget_counts = [0] * (settings.max_chunk + 1)
         """Planned steps by draft budget (diagnostics)."""
         self.uniform_plans = 0
@@ -287,19 +367,25 @@ class ChunkPolicy:
     # -- what happened ---------------------------------------------------------------------
 
     def observe(self, chunks: Iterable[SpecChunk]) -> None:
-        """Records the verdicts of one verify step."""
-        for chunk in chunks:
-            if chunk.size == 0:
-                continue
-            self.acceptance.observe(chunk.req_id, chunk.size, chunk.accepted)
-            if chunk.req_id in self._awaiting_probe:
-                self._awaiting_probe.discard(chunk.req_id)
-                # Back off after a failed probe (up to 8x); come back at once after a success.
-                interval = self.settings.probe_interval
-                wait = self._probe_wait.get(chunk.req_id, interval)
-                self._probe_wait[chunk.req_id] = (
-                    interval if chunk.accepted else min(8 * interval, 2 * wait)
-                )
+        """Records the verdicts of one verify step (at most one chunk per request)."""
+        chunks = [chunk for chunk in chunks if chunk.draft_token_ids]
+        if not chunks:
+            return
+        req_ids = [chunk.req_id for chunk in chunks]
+        sizes = np.fromiter((len(c.draft_token_ids) for c in chunks), int, len(chunks))
+        accepted = np.fromiter((c.accepted for c in chunks), int, len(chunks))
+        self.acceptance.observe_many(req_ids, sizes, accepted)
+        rows = self._requests.rows(req_ids)
+        columns = self._requests.columns
+        probed = columns["awaiting"][rows] > 0
+        if probed.any():
+            # Back off after a failed probe (up to 8x); come back at once after a success.
+            interval = self.settings.probe_interval
+            rows, accepted = rows[probed], accepted[probed]
+            wait = columns["probe_wait"][rows]
+            columns["probe_wait"][rows] = np.where(accepted > 0, interval,
+                                                   np.minimum(8 * interval, 2 * wait))
+            columns["awaiting"][rows] = 0
 
     def observe_step(self, requests: int, tokens: int, budget: int, seconds: float,
                      uniform: bool = True) -> None:
@@ -309,11 +395,10 @@ class ChunkPolicy:
         self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
 
     def forget(self, req_id: str) -> None:
+        """A request that finished: its history goes."""
         self.acceptance.forget(req_id)
-        self._probes.discard(req_id)
-        self._awaiting_probe.discard(req_id)
-        for table in (self._plan, self._idle_steps, self._probe_wait):
-            table.pop(req_id, None)
+        self._requests.forget(req_id)
+        self._plan.pop(req_id, None)
 
     # -- what to do next -------------------------------------------------------------------
 
@@ -322,44 +407,50 @@ class ChunkPolicy:
 
         Called once per scheduler step, also when no request holds drafts.
         """
-        self._plan = self._choose(req_ids)
-        sizes = set(self._plan.values())
-        self.budget_counts[max(sizes, default=0)] += 1
-        self.uniform_plans += len(sizes) <= 1
+        req_ids = list(req_ids)
+        sizes = self._choose(req_ids)
+        self._budget = int(sizes.max(initial=0))
+        self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
+        short = np.flatnonzero(sizes < self._budget)
+        self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
+        self.budget_counts[self._budget] += 1
+        self.uniform_plans += len(short) == 0
         return self._plan
 
-    def _choose(self, req_ids: Sequence[str]) -> dict[str, int]:
+    def _choose(self, req_ids: list[str]) -> np.ndarray:
         k = self.settings.max_chunk
-        self._probes = set()
+        self.probes = frozenset()
         self.acceptance.tick()
         if self.settings.mode == "fixed":
-            return dict.fromkeys(req_ids, k)
+            return np.full(len(req_ids), k)
         if not self.cost.ready:
             # Warm-up: vary the budget and the chunks (mixed or uniform) so the cost model can
             # separate the costs.
             budget = int(self._rng.integers(0, k + 1))
             if self._rng.random() < 0.5:
-                return dict.fromkeys(req_ids, budget)
-            sizes = self._rng.integers(0, budget + 1, size=len(req_ids))
-            return {r: int(s) for r, s in zip(req_ids, sizes, strict=True)}
-        rates = np.array([self.acceptance.rate(r) for r in req_ids])
-        sizes = choose_sizes(rates, k, self.cost.coefficients, self.settings.max_graph_tokens)
-        shared_step = self.acceptance.steps % self.settings.probe_interval == 0
-        if self.acceptance.steps % EXPLORE_INTERVAL == 0 and sizes.any():
+                return np.full(len(req_ids), budget)
+            return self._rng.integers(0, budget + 1, size=len(req_ids))
+        step = self.acceptance.steps
+        sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.coefficients,
+                             self.settings.max_graph_tokens)
+        if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
-        # Probes ride on a step that drafts anyway, or on the shared probe step.
-        probe_now = sizes.any() or shared_step
-        plan = {}
-        for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
-            idle = self._idle_steps.get(req_id, 0) + 1 if size == 0 else 0
-            wait = self._probe_wait.get(req_id, self.settings.probe_interval)
-            if idle and idle >= wait and probe_now:
-                size, idle = 1, 0
-                self._probes.add(req_id)
-                self._awaiting_probe.add(req_id)
-            self._idle_steps[req_id] = idle
-            plan[req_id] = size
-        return plan
+        # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
+        # that drafts anyway, or on the shared probe step.
+        rows = self._requests.rows(req_ids)
+        columns = self._requests.columns
+        idle = sizes == 0
+        idle_from = np.where(idle, columns["idle_from"][rows], -1)
+        idle_from[idle & (idle_from < 0)] = step
+        if sizes.any() or step % self.settings.probe_interval == 0:
+            probe = idle & (step - idle_from + 1 >= columns["probe_wait"][rows])
+            if probe.any():
+                sizes = np.where(probe, 1, sizes)
+                idle_from[probe] = -1
+                columns["awaiting"][rows[probe]] = 1
+                self.probes = frozenset(req_ids[i] for i in np.flatnonzero(probe))
+        columns["idle_from"][rows] = idle_from
+        return sizes
 
     def _explore_near(self, sizes: np.ndarray) -> np.ndarray:
         """A plan near the chosen one: the drafting requests' chunks set to a budget up to two
@@ -377,14 +468,14 @@ class ChunkPolicy:
     def current_plan(self) -> dict[str, int]:
         return self._plan
 
-    def known_requests(self) -> set[str]:
-        return set(self._plan) | set(self._idle_steps) | set(self._probe_wait)
+    def cuts(self) -> list[tuple[str, int]]:
+        """The current plan's requests whose chunk is shorter than the draft budget, with
+        their chunk: the drafts to cut (every other request verifies the whole budget)."""
+        return self._cuts
 
     def draft_budget(self) -> int:
         """Drafts the drafter should propose per request: the longest planned chunk."""
-        if self.settings.mode == "fixed":
-            return self.settings.max_chunk
-        return max(self._plan.values(), default=0)
+        return self._budget
 
 
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
@@ -404,17 +495,22 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     if n == 0:
         return np.zeros(0, dtype=int)
     a = np.clip(rates, 1e-9, 1 - 1e-9)
-    # gain[c, i]: expected tokens of request i with chunk c.
-    powers = a[None, :] ** np.arange(max_chunk + 1)[:, None]
-    gain = np.cumsum(powers, axis=0)
+    log_a = np.log(a)
     budgets = np.arange(max_chunk + 1)
+    gain = np.cumsum(a ** budgets[:, None], axis=0)  # gain[c, i]: request i's tokens at chunk c
+    columns = np.arange(n)
+    # Seconds of a plan with budget D (the vector index), by its tokens and uniformity.
+    drafting = cost.fixed + (cost.per_pass + cost.per_draft * n) * budgets
+    graph_tokens = -1 if max_graph_tokens is None else max_graph_tokens
 
     def value(tokens_out, tokens_in, uniform):
-        off_graph = ~on_full_graph(uniform, tokens_in, max_graph_tokens)
-        return tokens_out / np.maximum(cost.seconds(n, tokens_in, budgets, off_graph), 1e-12)
+        off_graph = ~(uniform & (tokens_in <= graph_tokens))
+        seconds = drafting + cost.per_token * tokens_in + cost.off_graph * off_graph
+        return tokens_out / np.maximum(seconds, 1e-12)
 
     # Every request verifying D: the plans that can replay FULL decode graphs.
-    uniform_value = value(gain.sum(axis=1), n * (1 + budgets), np.ones(len(budgets), bool))
+    uniform_value = value(gain.sum(axis=1), n * (1 + budgets), True)
+    uniform_best = int(np.argmax(uniform_value))
     best = np.zeros(n, dtype=int)
     tokens_per_second = float(uniform_value[max_chunk])
     for _ in range(3):
@@ -423,18 +519,20 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             limit = np.full(n, max_chunk)
         else:
             with np.errstate(divide="ignore", over="ignore"):
-                limit = np.floor(np.log(min(threshold, 1.0)) / np.log(a)).astype(int)
-            limit = np.clip(np.where(a**1 > threshold, limit, 0), 0, max_chunk)
-        sizes = np.minimum(budgets[:, None], limit[None, :])  # [D, n]
-        values = np.concatenate([
-            value(np.take_along_axis(gain, sizes, axis=0).sum(axis=1), n + sizes.sum(axis=1),
-                  sizes.min(axis=1) == sizes.max(axis=1)),
-            uniform_value])
+                limit = np.floor(np.log(min(threshold, 1.0)) / log_a)
+            limit = np.where(a > threshold, np.minimum(limit, max_chunk), 0).astype(int)
+        sizes = np.minimum(budgets[:, None], limit)  # [D, n]: min(D, limit) per request
+        low, high = int(limit.min()), int(limit.max())
+        values = value(gain[sizes, columns].sum(axis=1), n + sizes.sum(axis=1),
+                       (budgets <= low) | (low == high))
         choice = int(np.argmax(values))
-        best = sizes[choice] if choice <= max_chunk else np.full(n, choice - max_chunk - 1)
-        if float(values[choice]) == tokens_per_second:
+        if uniform_value[uniform_best] > values[choice]:
+            chosen, best = float(uniform_value[uniform_best]), np.full(n, uniform_best)
+        else:
+            chosen, best = float(values[choice]), sizes[choice]
+        if chosen == tokens_per_second:
             break  # a fixed point: the next iteration would choose the same plan
-        tokens_per_second = float(values[choice])
+        tokens_per_second = chosen
     return best
 
 

@@ -1,9 +1,15 @@
 """The plugin's Prometheus families and log line, on a private registry (no vLLM needed)."""
 
+import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry
 
-from vllm_nwor.metrics import TelemetryLog, TelemetryMetrics, mean_acceptance_length_buckets
+from vllm_nwor.metrics import (
+    TelemetryLog,
+    TelemetryMetrics,
+    mean_acceptance_length_buckets,
+    observe_many,
+)
 from vllm_nwor.telemetry import RequestSpecDecodeMetrics, SpecStepStats
 
 LABELS = {"model_name": "m", "engine": "0"}
@@ -60,6 +66,40 @@ def test_chunk_sizes_fill_the_histogram_and_chunk_zero_counter(registry):
     assert value(registry, "vllm:scv_chunk_size_bucket", le="0.0") == 2
     assert value(registry, "vllm:scv_chunk_size_bucket", le="2.0") == 3
     assert value(registry, "vllm:scv_chunk_zero_steps_total") == 2
+
+
+def samples(registry):
+    return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                  for family in registry.collect() for s in family.samples
+                  if not s.name.endswith("_created"))
+
+
+@pytest.mark.parametrize("amount", [0, 1, 2.5, 3, 4, 100])
+def test_observe_many_is_observe_repeated(amount):
+    """The batched observation exposes exactly what ``count`` calls of ``observe`` would."""
+    one_by_one, batched = CollectorRegistry(), CollectorRegistry()
+    for registry, record in ((one_by_one, None), (batched, observe_many)):
+        histogram = prometheus_client.Histogram("h", "d", ["l"], buckets=[0, 1, 2, 3, 4],
+                                                registry=registry).labels("x")
+        for count in (5, 1, 3):
+            if record is None:
+                for _ in range(count):
+                    histogram.observe(amount)
+            else:
+                record(histogram, amount, count)
+    assert samples(batched) == samples(one_by_one)
+    assert ("h_count", (("l", "x"),), 9.0) in samples(batched)
+
+
+def test_observe_many_falls_back_to_observe_without_the_internals():
+    seen = []
+
+    class Plain:
+        def observe(self, amount):
+            seen.append(amount)
+
+    observe_many(Plain(), 2, 3)
+    assert seen == [2, 2, 2]
 
 
 def test_per_request_histogram_skips_requests_that_never_speculated(registry):

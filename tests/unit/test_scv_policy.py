@@ -135,6 +135,22 @@ def test_a_new_request_starts_at_one_half_without_traffic_and_at_the_traffics_ra
     assert estimator.rate("newer") == pytest.approx(0.5, abs=0.01)
 
 
+def test_a_new_request_starts_at_the_batchs_requests_not_at_their_drafts():
+    """One request verifies eight drafts a step and accepts them all; four verify one and
+    reject it. Most drafts were accepted, but most requests reject: a new request starts low."""
+    estimator = AcceptanceEstimator(window=16)
+    batch = ["good", "bad0", "bad1", "bad2", "bad3"]
+    for _ in range(20):
+        estimator.tick()
+        estimator.observe("good", 8, 8)
+        for req in batch[1:]:
+            estimator.observe(req, 1, 0)
+    rates = estimator.rates([*batch, "new"])
+    assert rates[0] > 0.9 and max(rates[1:5]) < 0.1
+    assert 0.15 < rates[5] < 0.3  # the requests' mean (1 + 0 + 0 + 0 + 0) / 5, not 8 / 12
+    assert estimator.rate("new") > 0.6  # alone (no batch evidence): the pooled drafts
+
+
 def random_steps(true_cost: StepCost, count: int, seed: int = 1):
     rng = np.random.default_rng(seed)
     for _ in range(count):
@@ -197,7 +213,7 @@ def test_a_rejected_request_drops_to_chunk_zero_and_probes_back():
         plan = policy.plan(["bad", "good"])
         sizes.append(plan["bad"])
         good.append(plan["good"])
-        probes.append("bad" in policy._probes)
+        probes.append("bad" in policy.probes)
         recovered = step >= 60
         verify(policy, "bad", plan, accept_all=recovered)
         verify(policy, "good", plan, accept_all=True)

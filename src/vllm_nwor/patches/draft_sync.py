@@ -35,8 +35,11 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.staging import IndexUploader
 
 logger = get_logger(__name__)
+
+_NO_GAP = np.iinfo(np.int64).max
 
 STATE_ATTR = "_nwor_draft_sync"
 """On the runner: its :class:`LazyDraftSync`, or False where vLLM's pass is kept."""
@@ -50,7 +53,11 @@ class LazyDraftSync:
         self.history = torch.zeros((runner.max_num_reqs, runner.max_model_len),
                                    dtype=torch.int32, device=runner.device)
         self.slot: dict[str, int] = {}  # request -> history row
+        self._free_slots = list(range(runner.max_num_reqs - 1, -1, -1))
         self.stale_from: dict[str, int] = {}  # request -> first position without draft K/V
+        # Each skipped step's history rows per token reach the device in one pinned copy that
+        # does not wait for the stream (a copy from pageable memory may).
+        self._uploader = IndexUploader(self.max_tokens, runner.device)
         self.skipped_steps = 0
         self.caught_up_tokens = 0
 
@@ -58,15 +65,11 @@ class LazyDraftSync:
         """A request that left the batch (finished, preempted) starts over if it comes back:
         its KV is recomputed from its first position."""
         live = runner.input_batch.req_id_to_index
+        if len(self.slot) <= len(live) and all(r in live for r in self.slot):
+            return
         for req_id in [r for r in self.slot if r not in live]:
-            del self.slot[req_id]
+            self._free_slots.append(self.slot.pop(req_id))
             self.stale_from.pop(req_id, None)
-
-    def _slot_of(self, req_id: str) -> int:
-        if req_id not in self.slot:
-            used = set(self.slot.values())
-            self.slot[req_id] = next(i for i in range(self.history.shape[0]) if i not in used)
-        return self.slot[req_id]
 
     def record_skipped_step(self, runner: GPUModelRunner) -> None:
         """This step's tokens got no draft K/V: note where each request's gap starts and keep
@@ -74,16 +77,19 @@ class LazyDraftSync:
         self._forget_departed(runner)
         batch = runner.input_batch
         num_reqs = batch.num_reqs
+        req_ids = batch.req_ids[:num_reqs]
+        stale_from, slot = self.stale_from, self.slot
+        firsts = batch.num_computed_tokens_cpu[:num_reqs]
+        known = np.fromiter((stale_from.get(r, _NO_GAP) for r in req_ids), np.int64, num_reqs)
+        for row in np.flatnonzero(firsts < known).tolist():  # a gap starts (or starts earlier)
+            req_id = req_ids[row]
+            stale_from[req_id] = int(firsts[row])
+            if req_id not in slot:
+                slot[req_id] = self._free_slots.pop()
         query_start = runner.query_start_loc.np[: num_reqs + 1]
-        counts = np.diff(query_start)
-        slots = np.empty(num_reqs, dtype=np.int64)
-        for row, req_id in enumerate(batch.req_ids[:num_reqs]):
-            first = int(batch.num_computed_tokens_cpu[row])
-            self.stale_from[req_id] = min(self.stale_from.get(req_id, first), first)
-            slots[row] = self._slot_of(req_id)
         num_tokens = int(query_start[-1])
-        token_slots = torch.from_numpy(np.repeat(slots, counts)).to(runner.device,
-                                                                    non_blocking=True)
+        slots = np.fromiter((slot[r] for r in req_ids), dtype=np.int64, count=num_reqs)
+        token_slots = self._uploader.upload(np.repeat(slots, np.diff(query_start)))
         positions = runner.positions[:num_tokens].long()
         self.history[token_slots, positions] = runner.input_ids.gpu[:num_tokens].to(torch.int32)
         self.skipped_steps += 1

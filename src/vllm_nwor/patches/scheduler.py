@@ -10,7 +10,8 @@ the drafter's KV in sync but proposes nothing). SCV uses exactly these two lever
 - when those drafts arrive (``update_draft_token_ids``; with async scheduling, when the
   ``AsyncScheduler`` sets draft placeholders), each request's drafts are cut to its chunk size;
 - after each step's verdicts (``update_from_output``), the policy observes every request's chunk
-  and accepted prefix, and the step's duration.
+  and accepted prefix, and the step's duration; it forgets the requests that finished when the
+  next step is scheduled (``SchedulerOutput.finished_req_ids``).
 
 With telemetry on, each step's requests that run at chunk 0 (the plan they were scheduled under
 gave them no drafts) are counted for the ``vllm:scv_*`` metrics; the steps with drafts are
@@ -84,6 +85,8 @@ def _wrap_update_after_schedule(update_after_schedule):
         if policy is None:
             return
         _count_chunk_zero(self, policy, scheduler_output)
+        for req_id in scheduler_output.finished_req_ids:  # finished since the last schedule
+            policy.forget(req_id)
         # Requests past their prompt after this step get drafts at its end: plan their chunks.
         policy.plan([r for r in scheduler_output.num_scheduled_tokens
                      if not self.requests[r].is_prefill_chunk])
@@ -131,7 +134,7 @@ def _wrap_update_draft_token_ids(update_draft_token_ids):
 
 
 def _cut_drafts(scheduler: Scheduler, policy: ChunkPolicy) -> None:
-    for req_id, size in policy.current_plan().items():
+    for req_id, size in policy.cuts():
         request = scheduler.requests.get(req_id)
         if request is not None and len(request.spec_token_ids) > size:
             request.spec_token_ids = request.spec_token_ids[:size]
@@ -142,11 +145,7 @@ def _wrap_update_from_output(update_from_output):
         policy = _policy(self)
         if policy is not None:
             _observe(self, policy, scheduler_output, model_runner_output)
-        outputs = update_from_output(self, scheduler_output, model_runner_output)
-        if policy is not None:
-            for req_id in policy.known_requests() - self.requests.keys():
-                policy.forget(req_id)
-        return outputs
+        return update_from_output(self, scheduler_output, model_runner_output)
 
     return wrapper
 
