@@ -11,7 +11,8 @@ runner: vLLM 0.26 runs plain decoding of this model on its V2 runner but specula
 draft_model or ngram on V1 (``VllmConfig.use_v2_model_runner``), so the two no-speculation
 engines tell the runners' difference apart from what speculating costs. ``scv_chunk0_bare`` is
 ``scv_chunk0`` without the plugin's own host work of a chunk-0 step (no planning, no record of
-the skipped draft pass, no telemetry): what is left is vLLM's speculative path at zero drafts.
+the skipped draft pass, no telemetry): what is left is vLLM's speculative path at zero drafts;
+``scv_chunk0_no_<part>`` leaves out one of them.
 
 It reports throughput per batch size (alternating, two reps) and, at each of
 ``--profile-batches`` (1 by default), torch profiler tables of one run per engine (self CPU time
@@ -52,8 +53,10 @@ from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 
 
+CHUNK0_PARTS = ("plan", "record", "telemetry")
+"""The plugin's host work of a chunk-0 step, each left out by its own engine."""
 ENGINES = ("no_spec", "no_spec_v1", "fixed_k4", "scv", "scv_chunk0", "scv_chunk0_bare",
-           "vllm_k0", "vllm_ngram_k0")
+           *(f"scv_chunk0_no_{part}" for part in CHUNK0_PARTS), "vllm_k0", "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
 
 
@@ -61,7 +64,7 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
     out = {}
     for name in names:
-        policy = {"scv_chunk0": "scv", "scv_chunk0_bare": "scv", "no_spec_v1": "no_spec"}.get(
+        policy = "scv" if name.startswith("scv_chunk0") else {"no_spec_v1": "no_spec"}.get(
             name, "fixed_k8" if name.startswith("vllm_") else name)
         out[name] = engine_kwargs(policy, target, draft, max_batch, share)
         if name == "no_spec_v1":  # the model runner every draft_model/ngram engine gets
@@ -69,9 +72,11 @@ def configs(target: str, draft: str, max_batch: int, share: float,
         speculative = out[name].get("speculative_config")
         if name.startswith("scv_chunk0"):
             out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}
-        if name == "scv_chunk0_bare":  # without the plugin's own host work of a chunk-0 step
-            out[name]["speculative_config"]["nwor_telemetry"] = False
-            out[name][ABLATE_KEY] = ["plan", "record"]
+        if name.startswith("scv_chunk0_"):  # without (some of) the plugin's own host work
+            left_out = CHUNK0_PARTS if name.endswith("_bare") else (name.rsplit("_", 1)[1],)
+            if "telemetry" in left_out:
+                out[name]["speculative_config"]["nwor_telemetry"] = False
+            out[name][ABLATE_KEY] = [part for part in left_out if part != "telemetry"]
         if name == "vllm_k0":
             out[name]["speculative_config"] = {
                 "method": "draft_model", "model": draft, "num_speculative_tokens": 8,

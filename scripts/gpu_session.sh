@@ -24,15 +24,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 }
 
 # This plan (one GPU, streams one after the other):
-# 0. SCV's chunk-0 step after cutting its host work, against vLLM's V1 runner without
-#    speculation and against the same engine without the plugin's host work at all;
-# 1. SCV against no speculation and the best fixed k on L=1.5 and the mix;
-# 2. NWOR on/off with a burn-in pass and eight requests per run (draft_model, k 4).
-stream0() { step chunk0_ablation scv_step_profile --engines no_spec_v1 scv_chunk0 \
-  scv_chunk0_bare --batches 1 32 128 --no-profile; }
-stream1() { step scv_l15_mix scv_bench --policies no_spec fixed_k2 scv --memory 0.8 \
-  --workloads uniform_L1.5 mixed_L1.2_and_full; }
-stream2() { step nwor_dm4 nwor_overhead --method draft_model --k 4 --batches 1 8 32 128 \
+# 0. which of the plugin's host work of a chunk-0 step costs what: one engine per part left out;
+# 1. NWOR on/off again at batch 1 and 128, L 3 (batch 128 read 0.75 in the last run).
+stream0() { step chunk0_parts scv_step_profile --engines no_spec_v1 scv_chunk0 \
+  scv_chunk0_no_plan scv_chunk0_no_record scv_chunk0_no_telemetry --batches 1 128 --no-profile; }
+stream1() { step nwor_dm4_l3 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 128 \
   --reps 3 --min-requests 8; }
 
 gpus=$(nvidia-smi -L | wc -l)
