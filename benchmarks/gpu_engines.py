@@ -107,13 +107,19 @@ def ablate(names: list[str]) -> None:
         setattr(owner, attribute, replacement)
 
 
+def split_engine_kwargs(kwargs: dict) -> tuple[dict, dict, list[str]]:
+    """An engine's kwargs as ``LLM``'s, its process environment, and its ablations."""
+    kwargs = dict(kwargs)
+    return kwargs, kwargs.pop(ENV_KEY, {}), kwargs.pop(ABLATE_KEY, [])
+
+
 def engine_main(conn, kwargs: dict) -> None:
     """Engine process: builds one LLM, then serves ("run", prompts, extra_args, concurrency)
     until stop; concurrency None sends the whole batch to ``LLM.generate`` at once."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    kwargs = dict(kwargs)
-    os.environ.update(kwargs.pop(ENV_KEY, {}))
-    ablate(kwargs.pop(ABLATE_KEY, []))
+    kwargs, environment, ablations = split_engine_kwargs(kwargs)
+    os.environ.update(environment)
+    ablate(ablations)
     from vllm import LLM, SamplingParams
 
     import vllm_nwor
