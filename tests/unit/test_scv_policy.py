@@ -8,6 +8,7 @@ import pytest
 from vllm_nwor.scv import (
     AcceptanceEstimator,
     ChunkPolicy,
+    RequestTable,
     ScvSettings,
     SpecChunk,
     StepCost,
@@ -278,6 +279,20 @@ def test_draft_budget_is_the_longest_chunk():
         verify(policy, "good", {"good": 4}, accept_all=True)
     plan = policy.plan(["bad", "good"])
     assert policy.draft_budget() == max(plan.values()) == K
+
+
+def test_request_table_grows_and_reuses_the_rows_of_forgotten_requests():
+    table = RequestTable(count=0, wait=4)
+    ids = [f"r{i}" for i in range(40)]  # past the first capacity (16)
+    rows = table.rows(ids)
+    assert sorted(rows.tolist()) == list(range(40)) and len(table) == 40
+    table.columns["count"][rows] = np.arange(40)
+    assert table.columns["count"][table.rows(["r7", "r39"])].tolist() == [7, 39]  # kept
+    table.forget("r7")
+    assert "r7" not in table and len(table) == 39
+    row = table.rows(["new"])[0]
+    assert row == rows[7]  # the freed row, back at its defaults
+    assert table.columns["count"][row] == 0 and table.columns["wait"][row] == 4
 
 
 def test_settings_are_checked():
