@@ -98,11 +98,11 @@ class RequestTable:
         index = self._index
         try:
             return np.fromiter((index[r] for r in req_ids), dtype=np.intp, count=len(req_ids))
-        except KeyError:
+        except KeyError:  # a new request: give every one of them a row, then look up again
             for req_id in req_ids:
                 if req_id not in index:
                     index[req_id] = self._new_row()
-            return np.fromiter((index[r] for r in req_ids), dtype=np.intp, count=len(req_ids))
+            return self.rows(req_ids)
 
     def _new_row(self) -> int:
         if self._free:
@@ -368,11 +368,11 @@ class ChunkPolicy:
 
     def observe(self, chunks: Iterable[SpecChunk]) -> None:
         """Records the verdicts of one verify step (at most one chunk per request)."""
-        chunks = [chunk for chunk in chunks if chunk.draft_token_ids]
+        chunks = [chunk for chunk in chunks if chunk.size]
         if not chunks:
             return
         req_ids = [chunk.req_id for chunk in chunks]
-        sizes = np.fromiter((len(c.draft_token_ids) for c in chunks), int, len(chunks))
+        sizes = np.fromiter((c.size for c in chunks), int, len(chunks))
         accepted = np.fromiter((c.accepted for c in chunks), int, len(chunks))
         self.acceptance.observe_many(req_ids, sizes, accepted)
         rows = self._requests.rows(req_ids)
@@ -499,17 +499,13 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     budgets = np.arange(max_chunk + 1)
     gain = np.cumsum(a ** budgets[:, None], axis=0)  # gain[c, i]: request i's tokens at chunk c
     columns = np.arange(n)
-    # Seconds of a plan with budget D (the vector index), by its tokens and uniformity.
-    drafting = cost.fixed + (cost.per_pass + cost.per_draft * n) * budgets
-    graph_tokens = -1 if max_graph_tokens is None else max_graph_tokens
 
-    def value(tokens_out, tokens_in, uniform):
-        off_graph = ~(uniform & (tokens_in <= graph_tokens))
-        seconds = drafting + cost.per_token * tokens_in + cost.off_graph * off_graph
-        return tokens_out / np.maximum(seconds, 1e-12)
+    def value(tokens_out, tokens_in, uniform):  # of the plans with budget D (the index)
+        off_graph = ~on_full_graph(uniform, tokens_in, max_graph_tokens)
+        return tokens_out / np.maximum(cost.seconds(n, tokens_in, budgets, off_graph), 1e-12)
 
     # Every request verifying D: the plans that can replay FULL decode graphs.
-    uniform_value = value(gain.sum(axis=1), n * (1 + budgets), True)
+    uniform_value = value(gain.sum(axis=1), n * (1 + budgets), np.ones(len(budgets), bool))
     uniform_best = int(np.argmax(uniform_value))
     best = np.zeros(n, dtype=int)
     tokens_per_second = float(uniform_value[max_chunk])
