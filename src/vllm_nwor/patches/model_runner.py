@@ -93,8 +93,7 @@ def staged_binding(layer: Attention, attn_metadata: Any) -> LayerBinding | None:
 
 
 def _stages_in_graph(interceptor: NworInterceptor, attn_metadata: Any) -> bool:
-    return interceptor.capturing and interceptor.stages_in_graph(
-        getattr(attn_metadata, "max_query_len", 1))
+    return interceptor.stages_in_graph(getattr(attn_metadata, "max_query_len", 1))
 
 
 def _layer_metadata(layer: Attention) -> Any:
