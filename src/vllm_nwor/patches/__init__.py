@@ -37,7 +37,8 @@ Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md
 26. ``InprocClient.get_output``, 27. ``SyncMPClient.get_output``,
     28. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
 29. ``OutputProcessor.add_request``: every request starts with empty metrics.
-30. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``.
+30. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``,
+    and ``RequestOutput.add`` keeps them when a lagging stream's outputs are merged.
 31. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
 32. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
 

@@ -17,6 +17,8 @@ In the front end (the ``LLM`` caller, or ``vllm serve``'s API server):
    speculated reports ``acceptance_lengths: []``.
 5. ``RequestState._new_completion_output``: a finished ``CompletionOutput`` becomes a
    :class:`NworCompletionOutput` with ``acceptance_lengths`` and ``spec_decode_metrics``.
+   ``RequestOutput.add``: when a stream's consumer falls behind, vLLM merges the finished
+   output into an earlier one in place; the merged output becomes one too.
 6. ``OutputProcessor._update_stats_from_finished``: hand finished requests' metrics to the
    step's ``IterationStats`` for the stat logger.
 7. ``StatLoggerManager.__init__``: add :class:`NworStatLogger` (Prometheus and the log line).
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from vllm.outputs import CompletionOutput
+from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.core_client import AsyncMPClient, InprocClient, MPClient, SyncMPClient
 from vllm.v1.engine.llm_engine import LLMEngine
@@ -226,6 +228,21 @@ def _wrap_new_completion_output(new_completion_output):
     return wrapper
 
 
+def _wrap_request_output_add(add):
+    def wrapper(self, next_output, aggregate):
+        add(self, next_output, aggregate)
+        if not aggregate:  # vLLM keeps next_output's own outputs
+            return
+        finished = {o.index: o for o in next_output.outputs if isinstance(o, NworCompletionOutput)}
+        if finished:
+            for i, merged in enumerate(self.outputs):
+                done = finished.get(merged.index)
+                if done is not None and merged is not done:
+                    self.outputs[i] = NworCompletionOutput.of(merged, done.spec_decode_metrics)
+
+    return wrapper
+
+
 def _wrap_update_stats_from_finished(update_stats_from_finished):
     def wrapper(self, req_state, finish_reason, iteration_stats):
         update_stats_from_finished(self, req_state, finish_reason, iteration_stats)
@@ -297,6 +314,13 @@ PATCHES = [
         _wrap_new_completion_output,
         why="Put acceptance_lengths and spec_decode_metrics on a finished CompletionOutput. "
         "Retired by CompletionOutput.spec_decode_metrics (vLLM 0.33).",
+    ),
+    Patch(
+        RequestOutput,
+        "add",
+        _wrap_request_output_add,
+        why="Keep them when a stream's outputs are merged because its consumer fell behind "
+        "(vLLM merges into the earlier, plain CompletionOutput).",
     ),
     Patch(
         OutputProcessor,
