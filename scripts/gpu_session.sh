@@ -23,13 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, streams one after the other):
-# 0. which of the plugin's host work of a chunk-0 step costs what: one engine per part left out;
-# 1. NWOR on/off again at batch 1 and 128, L 3 (batch 128 read 0.75 in the last run).
-stream0() { step chunk0_parts scv_step_profile --engines no_spec_v1 scv_chunk0 \
-  scv_chunk0_no_plan scv_chunk0_no_record scv_chunk0_no_telemetry --batches 1 128 --no-profile; }
-stream1() { step nwor_dm4_l3 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 128 \
-  --reps 3 --min-requests 8; }
+# This plan (one GPU, streams one after the other), after the prefix call's FA3 scheduler
+# metadata moved to once per step:
+# 0. the NWOR engine tests (FULL graphs, the cache audit) and the GPU fallbacks;
+# 1. NWOR on/off, draft_model k=4 L=3, with a kernel profile at batch 1.
+stream0() { step tests_nwor tests -k "split_attention or default_settings or no_rejected or audit or fallbacks"; }
+stream1() { step nwor_dm4_l3 nwor_overhead --method draft_model --k 4 --L 3.0 \
+  --batches 1 8 32 128 --reps 3 --min-requests 8 --profile-batches 1; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -8,6 +8,8 @@ compared within a tight tolerance. Shapes: head sizes 64/128/256, GQA 1/4/8, blo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -230,6 +232,22 @@ def test_split_attention_matches_one_flash_attention_call(head_size, group, requ
     out = torch.empty_like(query)
     _, lse = flash_attn_varlen_func(seqused_k=prefix_lens, causal=False, out=out,
                                     return_softmax_lse=True, **common)
+    # The plugin's prefix call: seqused_k and FA3 scheduler metadata computed once per step
+    # (FlashAttnBackend.prefix) and shared by the step's layers, here two.
+    from vllm_nwor.patches.flash_attn import BACKEND
+
+    step = SimpleNamespace(query_start_loc=cu, seq_lens=seq_lens, max_num_splits=0,
+                           max_query_len=common["max_seqlen_q"],
+                           max_seq_len=common["max_seqlen_k"])
+    plugin_lens, metadata = BACKEND.prefix(SimpleNamespace(vllm_flash_attn_version=3), step,
+                                           query, key_cache)
+    assert metadata is not None and torch.equal(plugin_lens, prefix_lens)
+    for _layer in range(2):
+        shared_out = torch.empty_like(query)
+        _, shared_lse = flash_attn_varlen_func(
+            seqused_k=plugin_lens, causal=False, out=shared_out, return_softmax_lse=True,
+            scheduler_metadata=metadata, **common)
+        assert torch.equal(shared_out, out) and torch.equal(shared_lse, lse)
     chunk_attention_merge(query, step_k, step_v, cu, common["max_seqlen_q"], out, lse,
                           head_size**-0.5)
     error = (out.float() - reference.float()).norm() / reference.float().norm()

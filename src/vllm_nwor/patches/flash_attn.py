@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
+from vllm import envs
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -49,8 +50,9 @@ class FlashAttnBackend:
     name = "FLASH_ATTN"
 
     def __init__(self) -> None:
-        self._prefix_lens_for: Any = None
-        self._prefix_lens: torch.Tensor | None = None
+        self._prefix_for: Any = None
+        self._prefix_shapes: tuple = ()
+        self._prefix: tuple[torch.Tensor, torch.Tensor | None] = (torch.empty(0), None)
 
     def handles(self, impl: Any) -> bool:
         return isinstance(impl, fa.FlashAttentionImpl)
@@ -118,15 +120,36 @@ class FlashAttnBackend:
     def window_attention(self, impl, window: int) -> None:
         impl.sliding_window = (window - 1, 0)  # FlashAttentionImpl's form of a causal window
 
-    def prefix_lens(self, attn_metadata) -> torch.Tensor:
-        """Committed tokens per request, ``seq_len - query_len``; once per step, on device."""
-        if self._prefix_lens_for is not attn_metadata:
+    def prefix(self, impl, attn_metadata, query: torch.Tensor, key_cache: torch.Tensor):
+        """The prefix call's ``seqused_k`` (``seq_len - query_len``, committed tokens per
+        request) and FA3 scheduler metadata: computed by the step's first staged layer and
+        shared by all, as vLLM shares its own. Without the metadata, FA3 would launch
+        ``prepare_varlen_num_blocks`` inside every layer's call. In a FULL graph this is
+        captured with the first layer, so a replay recomputes both from the step's inputs."""
+        shapes = (query.shape[1:], key_cache.shape[1:3])  # heads and head size, block size
+        if self._prefix_for is not attn_metadata or self._prefix_shapes != shapes:
             qsl = attn_metadata.query_start_loc
             num_reqs = qsl.shape[0] - 1
-            self._prefix_lens = attn_metadata.seq_lens[:num_reqs] - (qsl[1:] - qsl[:-1])
-            self._prefix_lens_for = attn_metadata
-        assert self._prefix_lens is not None
-        return self._prefix_lens
+            prefix_lens = attn_metadata.seq_lens[:num_reqs] - (qsl[1:] - qsl[:-1])
+            metadata = None
+            if impl.vllm_flash_attn_version == 3 and not envs.VLLM_BATCH_INVARIANT:
+                metadata = fa.get_scheduler_metadata(
+                    batch_size=num_reqs,
+                    max_seqlen_q=attn_metadata.max_query_len,
+                    max_seqlen_k=attn_metadata.max_seq_len,
+                    num_heads_q=query.shape[1],
+                    num_heads_kv=key_cache.shape[2],
+                    headdim=query.shape[2],
+                    cache_seqlens=prefix_lens,
+                    qkv_dtype=key_cache.dtype,
+                    cu_seqlens_q=qsl,
+                    page_size=key_cache.shape[1],
+                    causal=False,
+                    num_splits=attn_metadata.max_num_splits,
+                )
+            self._prefix = (prefix_lens, metadata)
+            self._prefix_for, self._prefix_shapes = attn_metadata, shapes
+        return self._prefix
 
 
 BACKEND = FlashAttnBackend()
@@ -142,6 +165,7 @@ def _wrap_forward(forward):
         key_cache = fa.canonicalize_singleton_dim_strides(key_cache)
         value_cache = fa.canonicalize_singleton_dim_strides(value_cache)
         query_start_loc = attn_metadata.query_start_loc
+        prefix_lens, scheduler_metadata = BACKEND.prefix(self, attn_metadata, query, key_cache)
         _, prefix_lse = fa.flash_attn_varlen_func(
             q=query[:n],
             k=key_cache,
@@ -149,12 +173,13 @@ def _wrap_forward(forward):
             out=output[:n],
             cu_seqlens_q=query_start_loc,
             max_seqlen_q=attn_metadata.max_query_len,
-            seqused_k=BACKEND.prefix_lens(attn_metadata),
+            seqused_k=prefix_lens,
             max_seqlen_k=attn_metadata.max_seq_len,
             softmax_scale=self.scale,
             causal=False,
             block_table=attn_metadata.block_table,
             fa_version=self.vllm_flash_attn_version,
+            scheduler_metadata=scheduler_metadata,
             num_splits=attn_metadata.max_num_splits,  # as vLLM's own call: fixed in FULL graphs
             return_softmax_lse=True,
         )
