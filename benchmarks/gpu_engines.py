@@ -212,15 +212,23 @@ def engine_main(conn, kwargs: dict) -> None:
 
 
 def python_tables(python_profiler) -> dict[str, str]:
-    """cProfile's top functions by own time and by cumulative time, as text tables."""
+    """cProfile's top functions by own time and by cumulative time, the plugin's own functions,
+    and who waits for the GPU (``Tensor.item``, ``synchronize``), as text tables."""
     import io
     import pstats
 
-    tables = {}
-    for key in ("tottime", "cumulative"):
+    def table(show) -> str:
         text = io.StringIO()
-        pstats.Stats(python_profiler, stream=text).sort_stats(key).print_stats(40)
-        tables[f"python_{key}"] = text.getvalue()
+        show(pstats.Stats(python_profiler, stream=text))
+        return text.getvalue()
+
+    tables = {f"python_{key}": table(lambda s, key=key: s.sort_stats(key).print_stats(40))
+              for key in ("tottime", "cumulative")}
+    tables["python_plugin"] = table(
+        lambda s: s.sort_stats("cumulative").print_stats("vllm_nwor", 40))
+    tables["python_sync_callers"] = "".join(  # host syncs: Tensor.item, Event.synchronize
+        table(lambda s, name=name: s.sort_stats("tottime").print_callers(name))
+        for name in ("method 'item'", "synchronize"))
     return tables
 
 
