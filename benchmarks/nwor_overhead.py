@@ -170,6 +170,10 @@ def summarise(method, k, L, batch, results) -> dict:
         "token_agreement": round(statistics.mean(rates), 5),
         "divergences_first_position": divergences,
         "tok_s": {"off": round(off_tps, 1), "on": round(on_tps, 1)},
+        # Each repetition's pair (the two runs of a rep are back to back): the spread is the
+        # noise a median ratio carries.
+        "tok_s_reps": {"off": [round(tokens_per_second(r), 1) for r in off],
+                       "on": [round(tokens_per_second(r), 1) for r in on]},
         "itl_ms": {"off": round(1000 * off_itl, 3), "on": round(1000 * on_itl, 3)},
         "measured_L": round(1 + accepted / max(1, drafted) * k, 3),
         "nwor_fallbacks": on[-1]["fallbacks"],

@@ -92,6 +92,21 @@ def test_overhead_lengths_per_k():
     assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
 
 
+def test_overhead_cell_keeps_every_repetition():
+    overhead = importlib.import_module("nwor_overhead")
+
+    def run(seconds: float) -> dict:
+        return {"tokens": [[1, 2, 3, 4]] * 2, "seconds": seconds, "itl_median": seconds / 10,
+                "drafted": 8, "accepted": 4, "rejected_by_nwor": 4, "fallbacks": {},
+                "prompts": [[7] * 5] * 2}
+
+    cell = overhead.summarise("draft_model", 4, 3.0, 2, {
+        "off": [run(1.0), run(2.0), run(1.0)], "on": [run(2.0), run(1.0), run(4.0)]})
+    assert cell["tok_s_reps"] == {"off": [8.0, 4.0, 8.0], "on": [4.0, 8.0, 2.0]}
+    assert cell["throughput_ratio"] == 0.5  # medians: 4 on over 8 off
+    assert cell["token_agreement"] == 1.0 and cell["reps"] == 3
+
+
 def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     """The GPU benchmarks' steady-load driver, on the real CPU engine: with at most two
     requests in flight out of five, every request gets LLM.generate's greedy tokens."""
