@@ -158,7 +158,7 @@ def engine_main(conn, kwargs: dict) -> None:
         kind, batch_prompts, extra_args, concurrency = message[:4]
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
-        profiler = python_profiler = None
+        profiler = python_profiler = busy = None
         if kind == "profile":  # torch profiler and cProfile around the run: tables come back
             import cProfile
 
@@ -185,6 +185,7 @@ def engine_main(conn, kwargs: dict) -> None:
             tables = {key: averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
                       for key in ("self_cpu_time_total", "self_cuda_time_total")}
             tables.update(python_tables(python_profiler))
+            busy = gpu_busy(profiler.events())
         after, scv_after = snapshot(), scv_state()
         scv = None
         if scv_after is not None:
@@ -207,8 +208,31 @@ def engine_main(conn, kwargs: dict) -> None:
             "rejected_by_nwor": after["rejected_by_nwor"] - before["rejected_by_nwor"],
             "fallbacks": after["fallbacks"],
             "profile": tables,
+            "gpu_busy": busy,
             "scv": scv,
         })
+
+
+def gpu_busy(events) -> dict | None:
+    """How much of a profiled run the GPU was doing anything (kernels, copies, also inside CUDA
+    graphs): the union of the device events' intervals over their span. A step loop whose GPU
+    sits idle between steps is bound by the host."""
+    from torch.autograd import DeviceType
+
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in events
+                       if e.device_type == DeviceType.CUDA)
+    if not intervals:
+        return None
+    busy, (start, end) = 0.0, intervals[0]
+    for lo, hi in intervals[1:]:
+        if lo > end:  # a gap: close the busy stretch
+            busy, start = busy + end - start, lo
+        end = max(end, hi)
+    busy += end - start
+    span = end - intervals[0][0]
+    return {"span_ms": round(span / 1000, 3), "busy_ms": round(busy / 1000, 3),
+            "busy_fraction": round(busy / span, 4) if span else None,
+            "device_events": len(intervals)}
 
 
 def python_tables(python_profiler) -> dict[str, str]:

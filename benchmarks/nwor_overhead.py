@@ -137,7 +137,7 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
                 profiles.append({"profile": name, "method": method, "k": k,
                                  "L": profile_length, "batch": batch,
                                  "tok_s": round(tokens_per_second(run), 1),
-                                 "tables": run["profile"]})
+                                 "gpu_busy": run["gpu_busy"], "tables": run["profile"]})
                 print(name, batch, profiles[-1]["tok_s"], flush=True)
         return {"startup_seconds": {n: round(e.startup_seconds, 1) for n, e in engines.items()},
                 "baseline_cudagraph_mode": baseline_mode or "vLLM default (FULL_AND_PIECEWISE)",

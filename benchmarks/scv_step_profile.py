@@ -146,8 +146,8 @@ def main() -> None:
                     run = engine.profile(batch_prompts, extra, batch)
                     record = {"profile": name, "batch": batch,
                               "tok_s": round(tokens_per_second(run), 1),
-                              "tables": run["profile"]}
-                    print(name, batch, record["tok_s"], flush=True)
+                              "gpu_busy": run["gpu_busy"], "tables": run["profile"]}
+                    print(name, batch, record["tok_s"], run["gpu_busy"], flush=True)
                     for table in run["profile"].values():
                         print(table, flush=True)
                     append_jsonl(args.jsonl, record)

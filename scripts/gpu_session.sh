@@ -23,10 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): where NWOR's host time goes, with the GPU time now within 0.5%:
-# 0. NWOR on/off at batch 1, profiled at batch 1 and 8 (the plugin's functions, host syncs).
+# This plan (one GPU), host time: each profile now reports how busy the GPU was (gpu_busy) and
+# the plugin's own functions and host syncs (cProfile).
+# 0. NWOR on/off at batch 1, profiled at batch 1 and 8 (its GPU time is now within 0.5%);
+# 1. SCV's chunk-0 floor: is the GPU idle between steps (host-bound), and does leaving out the
+#    record of a skipped draft pass give it back?
 stream0() { step nwor_host_profile nwor_overhead --method draft_model --k 4 --L 3.0 \
   --batches 1 --reps 2 --min-requests 8 --profile-batches 1 8; }
+stream1() { step chunk0_busy scv_step_profile --engines no_spec_v1 scv_chunk0 \
+  scv_chunk0_no_record --batches 1 128 --profile-batches 1 128; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -125,3 +125,21 @@ def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     tokens = [list(o.outputs[0].token_ids) for o in expected]
     assert [list(o.outputs[0].token_ids) for o in served] == tokens
     assert [list(o.outputs[0].token_ids) for o in served_again] == tokens
+
+
+def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    gpu_engines = importlib.import_module("gpu_engines")
+
+    def event(start, end, device=DeviceType.CUDA):
+        return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    # GPU: 0-4000 and 3000-5000 overlap (5 ms busy), idle to 8000, busy 8000-9000; host ignored.
+    events = [event(8000, 9000), event(0, 4000), event(3000, 5000),
+              event(100, 20000, DeviceType.CPU)]
+    assert gpu_engines.gpu_busy(events) == {"span_ms": 9.0, "busy_ms": 6.0,
+                                            "busy_fraction": 0.6667, "device_events": 3}
+    assert gpu_engines.gpu_busy([event(0, 5, DeviceType.CPU)]) is None
