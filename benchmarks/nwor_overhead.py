@@ -162,6 +162,10 @@ def summarise(method, k, L, batch, results) -> dict:
     return {
         "method": method, "batch": batch, "k": k, "L": L,
         "throughput_ratio": round(on_tps / off_tps, 4),
+        # The median of each repetition's own on/off ratio (its two runs are back to back, so
+        # drift over the cell cancels).
+        "throughput_ratio_paired": round(statistics.median(
+            tokens_per_second(b) / tokens_per_second(a) for a, b in zip(off, on, strict=True)), 4),
         "itl_ratio": round(on_itl / off_itl, 4),
         "kv_bytes_per_token_on": round(statistics.mean(
             kv_bytes_per_generated_token(r, r["prompts"]) for r in on)),

@@ -101,9 +101,10 @@ def test_overhead_cell_keeps_every_repetition():
                 "prompts": [[7] * 5] * 2}
 
     cell = overhead.summarise("draft_model", 4, 3.0, 2, {
-        "off": [run(1.0), run(2.0), run(1.0)], "on": [run(2.0), run(1.0), run(4.0)]})
-    assert cell["tok_s_reps"] == {"off": [8.0, 4.0, 8.0], "on": [4.0, 8.0, 2.0]}
+        "off": [run(1.0), run(2.0), run(1.0)], "on": [run(1.0), run(2.0), run(4.0)]})
+    assert cell["tok_s_reps"] == {"off": [8.0, 4.0, 8.0], "on": [8.0, 4.0, 2.0]}
     assert cell["throughput_ratio"] == 0.5  # medians: 4 on over 8 off
+    assert cell["throughput_ratio_paired"] == 1.0  # median of 1, 1 and 0.25
     assert cell["token_agreement"] == 1.0 and cell["reps"] == 3
 
 
