@@ -194,7 +194,7 @@ class VerifyStep:
             uploaded = uploader.upload(packed)
         views = torch.split(uploaded, [len(p) for p in parts])
         return cls(
-            num_draft_tokens=tuple(int(c) for c in counts),
+            num_draft_tokens=tuple(counts.tolist()),
             draft_rows=views[1],
             token_req=views[2],
             token_pos=views[3],
@@ -487,9 +487,7 @@ class NworInterceptor:
                 self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
                 self._write_all_staged()
                 return
-            for layer_idx in range(buffer.num_layers):
-                buffer.mark_staged(layer_idx)
-            self.graph_steps += 1
+            self.graph_steps += 1  # the commit reads every layer's buffer, marked or not
         if accepted.shape != (buffer.num_tokens,):
             raise ValueError(
                 f"accepted has shape {tuple(accepted.shape)}, expected ({buffer.num_tokens},)"

@@ -411,15 +411,15 @@ def test_seed_bug6_staging_a_layer_does_not_wipe_the_others():
 PADDED_ROWS = 16
 
 
-def graph_interceptor(cache: FakeCache, max_tokens: int = 16) -> NworInterceptor:
+def graph_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None) -> NworInterceptor:
     buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu")
 
     def stage_fn(layer_idx, key, value, slot_mapping, rows, buf) -> None:
         stage_kv(key, value, cache.key[layer_idx].unsqueeze(1), cache.value[layer_idx].unsqueeze(1),
                  slot_mapping, rows, buf.key[layer_idx], buf.value[layer_idx], buf.slot_mapping)
 
-    return NworInterceptor(buffer, cache.plain_write, None, stage_fn, kv_bytes_per_token=100,
-                           uploader=IndexUploader(64, "cpu"))
+    return NworInterceptor(buffer, cache.plain_write, commit_fn, stage_fn,
+                           kv_bytes_per_token=100, uploader=IndexUploader(64, "cpu"))
 
 
 def replay_graph(interceptor: NworInterceptor) -> None:
@@ -468,6 +468,19 @@ def test_a_replayed_graph_stages_and_the_commit_writes_accepted_drafts(accepted)
     counters = interceptor.counters()
     assert counters.fallbacks == {} and interceptor.graph_steps == 2
     assert counters.tokens_committed == 2 * sum(accepted)
+
+
+def test_a_commit_error_after_a_replayed_graph_writes_every_layer_the_plain_way():
+    """No layer ran Python, so none is marked staged: the fallback must still write them all."""
+    cache = FakeCache()
+    interceptor = captured(graph_interceptor(cache, commit_fn=lambda *_: 1 / 0))
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
+    assert interceptor.begin(step)
+    replay_graph(interceptor)
+    interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+    assert_cache_holds(cache, expected_slots([1, 0, 2]))
+    assert interceptor.counters().fallbacks == {"commit_error": 1}
+    assert interceptor.graph_steps == 1
 
 
 @pytest.mark.parametrize("why", ["no drafts", "overflow"])
