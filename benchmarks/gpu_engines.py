@@ -88,6 +88,20 @@ ABLATE_KEY = "_ablate"
 """In an engine's kwargs: plugin work its process leaves out (:func:`ablate`), a diagnostic."""
 
 
+def engine_core_in_own_process(configs: dict[str, dict]) -> dict[str, dict]:
+    """The engines with their engine core in a process of its own, as vLLM's ``LLM`` runs by
+    default. The benchmarks otherwise keep it in the engine's process (to read the scheduler
+    and profile the runner), where the front end's work (output processing, the plugin's
+    front-end telemetry) runs in the step loop's thread instead of beside it. Profiles and
+    ablations need the engine core in-process."""
+    own = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    for name, kwargs in configs.items():
+        if kwargs.get(ABLATE_KEY):
+            raise SystemExit(f"engine {name}: ablations need the engine core in-process")
+    return {name: {**kwargs, ENV_KEY: {**kwargs.get(ENV_KEY, {}), **own}}
+            for name, kwargs in configs.items()}
+
+
 def ablate(names: list[str]) -> None:
     """Leaves plugin work out, to measure what it costs. Only for SCV held at chunk 0, where
     the result stays right: ``plan`` plans chunk 0 for every request without the policy;
@@ -115,7 +129,9 @@ def split_engine_kwargs(kwargs: dict) -> tuple[dict, dict, list[str]]:
 
 def engine_main(conn, kwargs: dict) -> None:
     """Engine process: builds one LLM, then serves ("run", prompts, extra_args, concurrency)
-    until stop; concurrency None sends the whole batch to ``LLM.generate`` at once."""
+    until stop; concurrency None sends the whole batch to ``LLM.generate`` at once. The engine
+    core runs in this process unless the kwargs' environment says otherwise
+    (:func:`engine_core_in_own_process`)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     kwargs, environment, ablations = split_engine_kwargs(kwargs)
     os.environ.update(environment)
@@ -142,8 +158,10 @@ def engine_main(conn, kwargs: dict) -> None:
     def scv_state() -> dict | None:
         """SCV's choices so far (benchmark diagnostics): steps by draft budget, uniform plans,
         and the cost model's current coefficients."""
-        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-        policy = getattr(scheduler, "_nwor_scv", None)
+        core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+        if core is None:  # the engine core runs in its own process
+            return None
+        policy = getattr(core.scheduler, "_nwor_scv", None)
         if policy is None:
             return None
         return {"budget_counts": list(policy.budget_counts),
@@ -309,9 +327,13 @@ def rate_for_length(length: float, k: int) -> float:
     return (low + high) / 2
 
 
-def start_engines(configs: dict[str, dict]) -> dict[str, Engine]:
+def start_engines(configs: dict[str, dict], engine_core_process: bool = False
+                  ) -> dict[str, Engine]:
     """Starts one engine per config, one after the other (vLLM sizes its memory from what is
-    free at start-up); stops those already started if one fails."""
+    free at start-up); stops those already started if one fails. ``engine_core_process``: each
+    engine core in a process of its own (:func:`engine_core_in_own_process`)."""
+    if engine_core_process:
+        configs = engine_core_in_own_process(configs)
     engines: dict[str, Engine] = {}
     try:
         for name, kwargs in configs.items():

@@ -94,10 +94,12 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
 
 
 def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
-             profile_batches=(), profile_length=3.0, min_requests=1) -> dict:
+             profile_batches=(), profile_length=3.0, min_requests=1,
+             engine_core_process=False) -> dict:
     engines = start_engines({
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode),
-        "on": engine_kwargs(target, draft, method, k, True, max(batches))})
+        "on": engine_kwargs(target, draft, method, k, True, max(batches))},
+        engine_core_process)
     rows = []
 
     def cell(L: float, batch: int, rep: int) -> dict[str, dict]:
@@ -126,7 +128,8 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
                 for rep in range(reps):
                     for name, run in cell(L, batch, rep).items():
                         results[name].append(run)
-                rows.append(summarise(method, k, L, batch, results))
+                rows.append({**summarise(method, k, L, batch, results),
+                             "engine_core_process": engine_core_process})
                 print(json.dumps(rows[-1]), flush=True)
         profiles = []
         for batch in profile_batches:
@@ -230,9 +233,14 @@ def main() -> None:
                         "batch sizes (torch profiler and cProfile tables)")
     parser.add_argument("--profile-L", type=float, default=3.0,
                         help="mean acceptance length of the profiled runs")
+    parser.add_argument("--engine-core-process", action="store_true",
+                        help="each engine core in its own process, as vLLM's LLM runs by "
+                        "default (no profiles then: they need it in-process)")
     args = parse_or_merge(parser, merge)
     if args is None:
         return
+    if args.engine_core_process and args.profile_batches:
+        parser.error("--profile-batches needs the engine core in-process")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         for k in args.k:
@@ -240,7 +248,7 @@ def main() -> None:
                                               lengths_for(k, args.L), args.batches, args.reps,
                                               args.baseline_cudagraph_mode,
                                               args.profile_batches, args.profile_L,
-                                              args.min_requests))
+                                              args.min_requests, args.engine_core_process))
 
 
 if __name__ == "__main__":

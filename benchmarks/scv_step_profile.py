@@ -109,15 +109,19 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-batches", type=int, nargs="+", default=[1],
                         help="requests in flight in each profiled run (2x as many served)")
+    parser.add_argument("--engine-core-process", action="store_true",
+                        help="each engine core in its own process, as vLLM's LLM runs by "
+                        "default (implies --no-profile; no ablation engines)")
     args = parse_or_merge(parser, merge)
     if args is None:
         return
+    args.no_profile |= args.engine_core_process
     rate = rate_for_length(1.5, REFERENCE_K)
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         engines = start_engines(configs(target, draft, max(args.batches),
                                         round(0.88 / len(args.engines), 3),
-                                        tuple(args.engines)))
+                                        tuple(args.engines)), args.engine_core_process)
         try:
             for engine in engines.values():
                 engine.run(prompts(4, seed=99))
@@ -132,7 +136,8 @@ def main() -> None:
                 row = {"batch": batch, "tok_s": {
                     name: round(statistics.median(tokens_per_second(r) for r in rs), 1)
                     for name, rs in runs.items()}, "drafted": {
-                    name: sum(r["drafted"] for r in rs) for name, rs in runs.items()}}
+                    name: sum(r["drafted"] for r in rs) for name, rs in runs.items()},
+                    "engine_core_process": args.engine_core_process}
                 if "no_spec" in runs:  # greedy: drafts never verified means the same tokens
                     row["same_tokens_as_no_spec"] = {
                         name: round(agreement(rs[0]["tokens"], runs["no_spec"][0]["tokens"])[0], 5)

@@ -24,14 +24,21 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 }
 
 # This plan (one GPU), host time: each profile now reports how busy the GPU was (gpu_busy) and
-# the plugin's own functions and host syncs (cProfile).
-# 0. NWOR on/off at batch 1, profiled at batch 1 and 8 (its GPU time is now within 0.5%);
-# 1. SCV's chunk-0 floor: is the GPU idle between steps (host-bound), and does leaving out the
+# the plugin's own functions and host syncs (cProfile). The benchmarks keep each engine core in
+# the engine's process, so front-end work (output processing, the plugin's front-end telemetry)
+# runs in the step loop's thread; vLLM's LLM runs it in a process of its own by default.
+# 0. SCV's chunk-0 floor: is the GPU idle between steps (host-bound), and does leaving out the
 #    record of a skipped draft pass give it back?
-stream0() { step nwor_host_profile nwor_overhead --method draft_model --k 4 --L 3.0 \
-  --batches 1 --reps 2 --min-requests 8 --profile-batches 1 8; }
-stream1() { step chunk0_busy scv_step_profile --engines no_spec_v1 scv_chunk0 \
-  scv_chunk0_no_record --batches 1 128 --profile-batches 1 128; }
+# 1. the same floor with every engine core in its own process;
+# 2. NWOR on/off at batch 1 and 8, engine core in-process (profiled) and in its own process.
+stream0() { step chunk0_busy scv_step_profile --engines no_spec_v1 scv_chunk0 \
+  scv_chunk0_no_record --batches 1 128 --profile-batches 1 128
+  step chunk0_own_process scv_step_profile --engines no_spec_v1 scv_chunk0 --batches 1 128 \
+  --engine-core-process; }
+stream1() { step nwor_host_profile nwor_overhead --method draft_model --k 4 --L 3.0 \
+  --batches 1 8 --reps 3 --min-requests 8 --profile-batches 1 8
+  step nwor_own_process nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 8 \
+  --reps 3 --min-requests 8 --engine-core-process; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -144,3 +144,18 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
     assert gpu_engines.gpu_busy(events) == {"span_ms": 9.0, "busy_ms": 6.0,
                                             "busy_fraction": 0.6667, "device_events": 3}
     assert gpu_engines.gpu_busy([event(0, 5, DeviceType.CPU)]) is None
+
+
+def test_engine_core_in_its_own_process_keeps_each_engines_environment():
+    gpu_engines = importlib.import_module("gpu_engines")
+    env, ablate = gpu_engines.ENV_KEY, gpu_engines.ABLATE_KEY
+    configs = {"a": {"model": "m"}, "b": {"model": "m", env: {"VLLM_USE_V2_MODEL_RUNNER": "0"}}}
+    own = gpu_engines.engine_core_in_own_process(configs)
+    assert own["a"] == {"model": "m", env: {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+    assert own["b"][env] == {"VLLM_USE_V2_MODEL_RUNNER": "0",
+                             "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    assert configs["a"] == {"model": "m"}  # the caller's configs are left as they were
+    kwargs, environment, _ = gpu_engines.split_engine_kwargs(own["b"])
+    assert kwargs == {"model": "m"} and environment == own["b"][env]
+    with pytest.raises(SystemExit, match="ablations need the engine core in-process"):
+        gpu_engines.engine_core_in_own_process({"c": {"model": "m", ablate: ["plan"]}})
