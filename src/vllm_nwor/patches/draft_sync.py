@@ -65,8 +65,6 @@ class LazyDraftSync:
         """A request that left the batch (finished, preempted) starts over if it comes back:
         its KV is recomputed from its first position."""
         live = runner.input_batch.req_id_to_index
-        if len(self.slot) <= len(live) and all(r in live for r in self.slot):
-            return
         for req_id in [r for r in self.slot if r not in live]:
             self._free_slots.append(self.slot.pop(req_id))
             self.stale_from.pop(req_id, None)
