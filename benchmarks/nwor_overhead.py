@@ -151,8 +151,9 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
 
 def summarise(method, k, L, batch, results) -> dict:
     off, on = results["off"], results["on"]
-    off_tps = statistics.median(tokens_per_second(r) for r in off)
-    on_tps = statistics.median(tokens_per_second(r) for r in on)
+    off_reps = [tokens_per_second(r) for r in off]  # one per repetition, in order
+    on_reps = [tokens_per_second(r) for r in on]
+    off_tps, on_tps = statistics.median(off_reps), statistics.median(on_reps)
     off_itl = statistics.median(r["itl_median"] for r in off)
     on_itl = statistics.median(r["itl_median"] for r in on)
     rates, divergences = [], []
@@ -168,7 +169,7 @@ def summarise(method, k, L, batch, results) -> dict:
         # The median of each repetition's own on/off ratio (its two runs are back to back, so
         # drift over the cell cancels).
         "throughput_ratio_paired": round(statistics.median(
-            tokens_per_second(b) / tokens_per_second(a) for a, b in zip(off, on, strict=True)), 4),
+            b / a for a, b in zip(off_reps, on_reps, strict=True)), 4),
         "itl_ratio": round(on_itl / off_itl, 4),
         "kv_bytes_per_token_on": round(statistics.mean(
             kv_bytes_per_generated_token(r, r["prompts"]) for r in on)),
@@ -179,8 +180,8 @@ def summarise(method, k, L, batch, results) -> dict:
         "tok_s": {"off": round(off_tps, 1), "on": round(on_tps, 1)},
         # Each repetition's pair (the two runs of a rep are back to back): the spread is the
         # noise a median ratio carries.
-        "tok_s_reps": {"off": [round(tokens_per_second(r), 1) for r in off],
-                       "on": [round(tokens_per_second(r), 1) for r in on]},
+        "tok_s_reps": {"off": [round(t, 1) for t in off_reps],
+                       "on": [round(t, 1) for t in on_reps]},
         "itl_ms": {"off": round(1000 * off_itl, 3), "on": round(1000 * on_itl, 3)},
         "measured_L": round(1 + accepted / max(1, drafted) * k, 3),
         "nwor_fallbacks": on[-1]["fallbacks"],
