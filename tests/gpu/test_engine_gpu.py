@@ -149,8 +149,9 @@ def test_scv_chunk_sizes_replay_full_decode_graphs(models, tmp_path):
     own; bf16 sums in other orders in other graphs, so agreement is printed and must be high."""
     two = probe(models, tmp_path, "draft_model", False, speculative={
         "num_speculative_tokens": 4, "scv": "fixed", "scv_chunk_size": 2})
-    zero = probe(models, tmp_path, "draft_model", False, speculative={
-        "scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000})
+    zero = probe(models, tmp_path, "draft_model", False, engine={"async_scheduling": True},
+                 speculative={"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0],
+                              "scv_probe_interval": 1000})
     vllm_k2 = probe(models, tmp_path, "draft_model", False,
                     speculative={"num_speculative_tokens": 2})
     print("dispatches:", two["dispatches"], zero["dispatches"], vllm_k2["dispatches"])
@@ -159,6 +160,10 @@ def test_scv_chunk_sizes_replay_full_decode_graphs(models, tmp_path):
     assert zero["dispatches"].get("1:FULL", 0) > 10
     print("token agreement SCV chunk 2 vs vLLM k=2:", agreement(two["tokens"], vllm_k2["tokens"]))
     assert agreement(two["tokens"], vllm_k2["tokens"]) > 0.9
+    # Held at chunk 0 under async scheduling, each step's inputs are the tokens vLLM's plain
+    # bookkeeping kept (patches/draft_sync.py): wrong inputs would derail greedy decoding.
+    print("token agreement SCV chunk 0 vs vLLM k=2:", agreement(zero["tokens"], vllm_k2["tokens"]))
+    assert zero["async_scheduling"] and agreement(zero["tokens"], vllm_k2["tokens"]) > 0.9
 
 
 def test_draft_window_keeps_a_long_request_from_dropping_the_batch(models, tmp_path):

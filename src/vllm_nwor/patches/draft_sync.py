@@ -55,9 +55,11 @@ class LazyDraftSync:
         self.slot: dict[str, int] = {}  # request -> history row
         self._free_slots = list(range(runner.max_num_reqs - 1, -1, -1))
         self.stale_from: dict[str, int] = {}  # request -> first position without draft K/V
-        # Each skipped step's history rows per token reach the device in one pinned copy that
-        # does not wait for the stream (a copy from pageable memory may).
-        self._uploader = IndexUploader(self.max_tokens, runner.device)
+        # The batch rows' history rows reach the device in one pinned copy that does not wait
+        # for the stream (a copy from pageable memory may), when the batch changes.
+        self._uploader = IndexUploader(runner.max_num_reqs, runner.device)
+        self._row_slots: torch.Tensor | None = None  # on the device: batch row -> history row
+        self._gapped: list[str] | None = None  # the batch of the last record, every one gapped
         self.skipped_steps = 0
         self.caught_up_tokens = 0
 
@@ -71,26 +73,38 @@ class LazyDraftSync:
 
     def record_skipped_step(self, runner: GPUModelRunner) -> None:
         """This step's tokens got no draft K/V: note where each request's gap starts and keep
-        the tokens (on the device, where the step's inputs are) for the catch-up."""
-        self._forget_departed(runner)
+        the tokens (on the device, where the step's inputs are) for the catch-up.
+
+        While the batch stays what it was at the last record (the common case: a batch held at
+        chunk 0), every request's gap is already open and its history row already on the
+        device, so the step costs two small kernels and no host work per request."""
         batch = runner.input_batch
         num_reqs = batch.num_reqs
         req_ids = batch.req_ids[:num_reqs]
+        if req_ids != self._gapped:
+            self._open_gaps(runner, req_ids)
+        num_tokens = int(runner.query_start_loc.np[num_reqs])
+        token_slots = self._row_slots[runner.req_indices.gpu[:num_tokens]]
+        self.history[token_slots, runner.positions[:num_tokens]] = (
+            runner.input_ids.gpu[:num_tokens].to(self.history.dtype))
+        self.skipped_steps += 1
+
+    def _open_gaps(self, runner: GPUModelRunner, req_ids: list[str]) -> None:
+        """A gap for every request of the batch that has none (or one that starts later), and
+        the batch rows' history rows on the device."""
+        self._forget_departed(runner)
         stale_from, slot = self.stale_from, self.slot
-        firsts = batch.num_computed_tokens_cpu[:num_reqs]
-        known = np.fromiter((stale_from.get(r, _NO_GAP) for r in req_ids), np.int64, num_reqs)
+        firsts = runner.input_batch.num_computed_tokens_cpu[: len(req_ids)]
+        known = np.fromiter((stale_from.get(r, _NO_GAP) for r in req_ids), np.int64,
+                            len(req_ids))
         for row in np.flatnonzero(firsts < known).tolist():  # a gap starts (or starts earlier)
             req_id = req_ids[row]
             stale_from[req_id] = int(firsts[row])
             if req_id not in slot:
                 slot[req_id] = self._free_slots.pop()
-        query_start = runner.query_start_loc.np[: num_reqs + 1]
-        num_tokens = int(query_start[-1])
-        slots = np.fromiter((slot[r] for r in req_ids), dtype=np.int64, count=num_reqs)
-        token_slots = self._uploader.upload(np.repeat(slots, np.diff(query_start)))
-        positions = runner.positions[:num_tokens].long()
-        self.history[token_slots, positions] = runner.input_ids.gpu[:num_tokens].to(torch.int32)
-        self.skipped_steps += 1
+        slots = np.fromiter((slot[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        self._row_slots = self._uploader.upload(slots)
+        self._gapped = req_ids
 
     def catch_up(self, runner: GPUModelRunner) -> None:
         """Before vLLM's draft pass: the draft K/V of every position a request skipped."""
@@ -103,6 +117,7 @@ class LazyDraftSync:
             if start < end:
                 gaps.append((row, self.slot[req_id], start, end))
         self.stale_from.clear()  # vLLM's pass covers this step's tokens for every request
+        self._gapped = None
         while gaps:
             # One piece per request per pass, within the engine's token budget.
             pieces, budget, rest = [], self.max_tokens, []
@@ -193,11 +208,15 @@ def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
 
 def _next_tokens_without_drafting(runner: GPUModelRunner, sampled_token_ids, *args,
                                   **kwargs) -> None:
-    """What vLLM's pass leaves behind besides drafts: with the padded drafter batch, each
-    request's next input token and valid sampled count, which async scheduling reads to fill
-    the next step's inputs (vLLM does the same when the drafter does not run,
-    ``GPUModelRunner.sample_tokens``)."""
-    if isinstance(sampled_token_ids, torch.Tensor):
+    """What vLLM's pass leaves behind besides drafts, under async scheduling: each request's
+    next input token and valid sampled count, which the next step reads to fill its inputs and
+    correct its token counts (vLLM does the same when the drafter does not run,
+    ``GPUModelRunner.sample_tokens``). A step that verified no drafts (one token sampled per
+    request) needs neither: vLLM's bookkeeping then keeps its sampled tokens as the next inputs,
+    as it does without speculation, and skips the padded preparation's loop over the requests
+    and its copy to the host."""
+    if (isinstance(sampled_token_ids, torch.Tensor) and sampled_token_ids.shape[-1] > 1
+            and runner.valid_sampled_token_count_event is not None):
         next_token_ids, valid_counts = runner.drafter.prepare_next_token_ids_padded(
             sampled_token_ids, runner.requests, runner.input_batch,
             runner.discard_request_mask.gpu)
