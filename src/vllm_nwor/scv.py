@@ -479,7 +479,7 @@ class ChunkPolicy:
 
 
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
-                 max_graph_tokens: int | None = None) -> np.ndarray:
+                 max_graph_tokens: int | None = None, *, exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's expected tokens per second under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan of ``n`` requests with budget
@@ -489,7 +489,8 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     budget ``D`` the plan is ``min(D, limit)`` per request, or ``D`` for every request, and the
     best of them all is chosen. ``tokens_per_second`` starts at the full-chunk plan's rate and
     is re-estimated from the best plan (Dinkelbach iterations), so the choice depends on the
-    model alone.
+    model alone. ``exit_early`` (the default) skips the search where no plan with drafts can
+    win; the result is the same.
     """
     n = len(rates)
     if n == 0:
@@ -506,6 +507,13 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
 
     # Every request verifying D: the plans that can replay FULL decode graphs.
     uniform_value = value(gain.sum(axis=1), n * (1 + budgets), np.ones(len(budgets), bool))
+    if exit_early and min(cost) >= 0 and uniform_value[0] > np.max(
+            gain.sum(axis=1)[1:] / cost.seconds(n, n + budgets[1:], budgets[1:], False),
+            initial=0.0):
+        # No plan with drafts can beat none: with budget D a plan yields at most every
+        # request's tokens at chunk D and costs at least its cheapest plan (one request at D,
+        # on the graphs). Where SCV keeps a batch at chunk 0, this is every step.
+        return np.zeros(n, dtype=int)
     uniform_best = int(np.argmax(uniform_value))
     best = np.zeros(n, dtype=int)
     tokens_per_second = float(uniform_value[max_chunk])

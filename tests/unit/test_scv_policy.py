@@ -104,6 +104,23 @@ def test_chosen_sizes_beat_every_uniform_size_under_the_model(off_graph, max_gra
         assert plan_value(rates, chosen, cost, max_graph_tokens) >= 0.999 * best_uniform
 
 
+def test_choose_sizes_stops_early_only_where_no_plan_with_drafts_wins():
+    """The early exit for plans without drafts returns what the full search returns."""
+    rng = np.random.default_rng(1)
+    cases = []
+    for _ in range(400):
+        rates = rng.uniform(0.0, 1.0, size=rng.integers(1, 160)) ** rng.uniform(0.2, 4)
+        cost = StepCost(*rng.uniform(0, 1e-2, 2) * [1, 1e-3], *rng.uniform(0, 2e-3, 2) * [1, 1e-2],
+                        rng.choice([0.0, 2e-3]))
+        cases.append((rates, cost, rng.choice([None, 96, 512])))
+    fast = [choose_sizes(rates, K, cost, graphs).tolist() for rates, cost, graphs in cases]
+    full = [choose_sizes(rates, K, cost, graphs, exit_early=False).tolist()
+            for rates, cost, graphs in cases]
+    assert fast == full
+    zero = sum(not any(sizes) for sizes in full)
+    assert 50 < zero < 350  # both kinds of batch were tried
+
+
 @pytest.mark.parametrize(
     "history, low, high",
     [
