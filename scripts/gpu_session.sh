@@ -23,22 +23,20 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU), host time: each profile now reports how busy the GPU was (gpu_busy) and
-# the plugin's own functions and host syncs (cProfile). The benchmarks keep each engine core in
-# the engine's process, so front-end work (output processing, the plugin's front-end telemetry)
-# runs in the step loop's thread; vLLM's LLM runs it in a process of its own by default.
-# 0. SCV's chunk-0 floor: is the GPU idle between steps (host-bound), and does leaving out the
-#    record of a skipped draft pass give it back?
-# 1. the same floor with every engine core in its own process;
-# 2. NWOR on/off at batch 1 and 8, engine core in-process (profiled) and in its own process.
-stream0() { step chunk0_busy scv_step_profile --engines no_spec_v1 scv_chunk0 \
-  scv_chunk0_no_record --batches 1 128 --profile-batches 1 128
-  step chunk0_own_process scv_step_profile --engines no_spec_v1 scv_chunk0 --batches 1 128 \
+# This plan (one GPU): the chunk-0 floor after three cuts (a step that verified no drafts
+# leaves its next inputs to vLLM's plain bookkeeping; the lazy draft sync's record uploads only
+# when the batch changes; planning stops early where no plan with drafts can win).
+# 0. the floor against plain decoding (and without the record, to see what is left of it);
+#    the GPU tests of the lazy draft sync and of SCV under async scheduling; SCV against no
+#    speculation and fixed k=2 where it should not speculate; the floor with every engine core
+#    in its own process.
+stream0() { step chunk0_after scv_step_profile --engines no_spec_v1 scv_chunk0 \
+  scv_chunk0_no_record --batches 1 32 128 --no-profile
+  step tests_chunk0 tests -k "lazy or graphs or scv_with_nwor"
+  step scv_after scv_bench --policies no_spec fixed_k2 scv --workloads uniform_L1.5 \
+  mixed_L1.2_and_full --batches 32 128 --reps 2
+  step chunk0_after_own scv_step_profile --engines no_spec_v1 scv_chunk0 --batches 1 32 128 \
   --engine-core-process; }
-stream1() { step nwor_host_profile nwor_overhead --method draft_model --k 4 --L 3.0 \
-  --batches 1 8 --reps 3 --min-requests 8 --profile-batches 1 8
-  step nwor_own_process nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 8 \
-  --reps 3 --min-requests 8 --engine-core-process; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
