@@ -23,20 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): the chunk-0 floor after three cuts (a step that verified no drafts
-# leaves its next inputs to vLLM's plain bookkeeping; the lazy draft sync's record uploads only
-# when the batch changes; planning stops early where no plan with drafts can win).
-# 0. the floor against plain decoding (and without the record, to see what is left of it);
-#    the GPU tests of the lazy draft sync and of SCV under async scheduling; SCV against no
-#    speculation and fixed k=2 where it should not speculate; the floor with every engine core
-#    in its own process.
-stream0() { step chunk0_after scv_step_profile --engines no_spec_v1 scv_chunk0 \
-  scv_chunk0_no_record --batches 1 32 128 --no-profile
-  step tests_chunk0 tests -k "lazy or graphs or scv_with_nwor"
-  step scv_after scv_bench --policies no_spec fixed_k2 scv --workloads uniform_L1.5 \
-  mixed_L1.2_and_full --batches 32 128 --reps 2
-  step chunk0_after_own scv_step_profile --engines no_spec_v1 scv_chunk0 --batches 1 32 128 \
-  --engine-core-process; }
+# This plan (one GPU): the lazy draft sync catches up only the requests a drafting step
+# drafts (the plan's chunk > 0); the others stay behind. SCV against no speculation and fixed
+# k=2 where it should not speculate (L=1.5, the mix) and where it should (L=3); then the GPU
+# tests of the lazy draft sync and of SCV under async scheduling.
+stream0() { step scv_targeted scv_bench --policies no_spec fixed_k2 scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 32 128 --reps 2
+  step tests_targeted tests -k "lazy or scv_with_nwor"; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

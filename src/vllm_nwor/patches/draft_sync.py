@@ -25,6 +25,8 @@ were behind suffers until they finish.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import torch
 from vllm.config import CUDAGraphMode
@@ -40,6 +42,9 @@ from vllm_nwor.staging import IndexUploader
 logger = get_logger(__name__)
 
 _NO_GAP = np.iinfo(np.int64).max
+
+DRAFTED_ATTR = "nwor_drafted"
+"""On a scheduler output that proposes drafts: the requests SCV's plan drafts (chunk > 0)."""
 
 STATE_ATTR = "_nwor_draft_sync"
 """On the runner: its :class:`LazyDraftSync`, or False where vLLM's pass is kept."""
@@ -59,9 +64,12 @@ class LazyDraftSync:
         # for the stream (a copy from pageable memory may), when the batch changes.
         self._uploader = IndexUploader(runner.max_num_reqs, runner.device)
         self._row_slots: torch.Tensor | None = None  # on the device: batch row -> history row
+        self._rows_of: list[str] | None = None  # the batch _row_slots maps
         self._gapped: list[str] | None = None  # the batch of the last record, every one gapped
         self.skipped_steps = 0
         self.caught_up_tokens = 0
+        self.kept_behind = 0
+        """Requests left behind at a drafting step (at chunk 0 in its plan), summed over steps."""
 
     def _forget_departed(self, runner: GPUModelRunner) -> None:
         """A request that left the batch (finished, preempted) starts over if it comes back:
@@ -71,53 +79,70 @@ class LazyDraftSync:
             self._free_slots.append(self.slot.pop(req_id))
             self.stale_from.pop(req_id, None)
 
-    def record_skipped_step(self, runner: GPUModelRunner) -> None:
-        """This step's tokens got no draft K/V: note where each request's gap starts and keep
-        the tokens (on the device, where the step's inputs are) for the catch-up.
-
-        While the batch stays what it was at the last record (the common case: a batch held at
-        chunk 0), every request's gap is already open and its history row already on the
-        device, so the step costs two small kernels and no host work per request."""
+    def _batch(self, runner: GPUModelRunner) -> list[str]:
+        """The batch's requests, each with a history row, and the rows' map on the device
+        (uploaded only when the batch changed)."""
         batch = runner.input_batch
-        num_reqs = batch.num_reqs
-        req_ids = batch.req_ids[:num_reqs]
-        if req_ids != self._gapped:
-            self._open_gaps(runner, req_ids)
-        num_tokens = int(runner.query_start_loc.np[num_reqs])
+        req_ids = batch.req_ids[: batch.num_reqs]
+        if req_ids != self._rows_of:
+            self._forget_departed(runner)
+            slot = self.slot
+            for req_id in req_ids:
+                if req_id not in slot:
+                    slot[req_id] = self._free_slots.pop()
+            self._row_slots = self._uploader.upload(
+                np.fromiter((slot[r] for r in req_ids), dtype=np.int64, count=len(req_ids)))
+            self._rows_of = req_ids
+        return req_ids
+
+    def _keep_tokens(self, runner: GPUModelRunner) -> None:
+        """This step's input tokens into the history, at their requests' rows and positions:
+        two small kernels, no host work per request."""
+        num_tokens = int(runner.query_start_loc.np[runner.input_batch.num_reqs])
         token_slots = self._row_slots[runner.req_indices.gpu[:num_tokens]]
         self.history[token_slots, runner.positions[:num_tokens]] = (
             runner.input_ids.gpu[:num_tokens].to(self.history.dtype))
+
+    def record_skipped_step(self, runner: GPUModelRunner) -> None:
+        """This step's tokens got no draft K/V: note where each request's gap starts and keep
+        the tokens (on the device, where the step's inputs are) for the catch-up. While the
+        batch stays what it was at the last record (a batch held at chunk 0), every gap is
+        already open and nothing is done per request."""
+        req_ids = self._batch(runner)
+        if req_ids != self._gapped:
+            stale_from = self.stale_from
+            firsts = runner.input_batch.num_computed_tokens_cpu[: len(req_ids)]
+            known = np.fromiter((stale_from.get(r, _NO_GAP) for r in req_ids), np.int64,
+                                len(req_ids))
+            for row in np.flatnonzero(firsts < known).tolist():  # a gap starts (or earlier)
+                stale_from[req_ids[row]] = int(firsts[row])
+            self._gapped = req_ids
+        self._keep_tokens(runner)
         self.skipped_steps += 1
 
-    def _open_gaps(self, runner: GPUModelRunner, req_ids: list[str]) -> None:
-        """A gap for every request of the batch that has none (or one that starts later), and
-        the batch rows' history rows on the device."""
-        self._forget_departed(runner)
-        stale_from, slot = self.stale_from, self.slot
-        firsts = runner.input_batch.num_computed_tokens_cpu[: len(req_ids)]
-        known = np.fromiter((stale_from.get(r, _NO_GAP) for r in req_ids), np.int64,
-                            len(req_ids))
-        for row in np.flatnonzero(firsts < known).tolist():  # a gap starts (or starts earlier)
-            req_id = req_ids[row]
-            stale_from[req_id] = int(firsts[row])
-            if req_id not in slot:
-                slot[req_id] = self._free_slots.pop()
-        slots = np.fromiter((slot[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
-        self._row_slots = self._uploader.upload(slots)
-        self._gapped = req_ids
-
-    def catch_up(self, runner: GPUModelRunner) -> None:
-        """Before vLLM's draft pass: the draft K/V of every position a request skipped."""
+    def catch_up(self, runner: GPUModelRunner, drafted: Collection[str] | None = None) -> None:
+        """Before vLLM's draft pass: the draft K/V of every position a request to be drafted
+        (``drafted``; None: every request) skipped. A request left at chunk 0 stays behind:
+        vLLM's pass writes its draft K/V of this step from an incomplete context, so this
+        step's tokens join its gap (kept in the history) and its catch-up rewrites them."""
         self._forget_departed(runner)
         batch = runner.input_batch
         gaps = []  # (batch row, history row, first missing position, this step's first position)
+        behind = {}
         for req_id, start in self.stale_from.items():
+            if drafted is not None and req_id not in drafted:
+                behind[req_id] = start
+                continue
             row = batch.req_id_to_index[req_id]
             end = int(batch.num_computed_tokens_cpu[row])
             if start < end:
                 gaps.append((row, self.slot[req_id], start, end))
-        self.stale_from.clear()  # vLLM's pass covers this step's tokens for every request
+        self.stale_from = behind  # vLLM's pass covers this step's tokens of the others
         self._gapped = None
+        if behind:
+            self._batch(runner)
+            self._keep_tokens(runner)
+            self.kept_behind += len(behind)
         while gaps:
             # One piece per request per pass, within the engine's token budget.
             pieces, budget, rest = [], self.max_tokens, []
@@ -233,7 +258,7 @@ def _wrap_propose_draft_token_ids(propose_draft_token_ids):
                     _next_tokens_without_drafting(self, *args, **kwargs)
                     return torch.empty((self.input_batch.num_reqs, 0), dtype=torch.int64,
                                        device=self.device)
-                state.catch_up(self)
+                state.catch_up(self, getattr(scheduler_output, DRAFTED_ATTR, None))
             except Exception:
                 # Output never depends on the draft's KV (the target verifies every draft):
                 # requests still behind draft from an incomplete context until they finish.

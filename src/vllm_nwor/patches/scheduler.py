@@ -31,6 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.draft_sync import DRAFTED_ATTR
 from vllm_nwor.patches.telemetry_engine import telemetry_of
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk
 
@@ -88,9 +89,13 @@ def _wrap_update_after_schedule(update_after_schedule):
         for req_id in scheduler_output.finished_req_ids:  # finished since the last schedule
             policy.forget(req_id)
         # Requests past their prompt after this step get drafts at its end: plan their chunks.
-        policy.plan([r for r in scheduler_output.num_scheduled_tokens
-                     if not self.requests[r].is_prefill_chunk])
+        plan = policy.plan([r for r in scheduler_output.num_scheduled_tokens
+                            if not self.requests[r].is_prefill_chunk])
         scheduler_output.num_spec_tokens_to_schedule = policy.draft_budget()
+        if scheduler_output.num_spec_tokens_to_schedule:
+            # The lazy draft sync catches up only these; the rest stay behind.
+            setattr(scheduler_output, DRAFTED_ATTR,
+                    frozenset(r for r, size in plan.items() if size))
         self._nwor_scheduled_at[id(scheduler_output)] = time.perf_counter()
 
     return wrapper
