@@ -23,13 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): the lazy draft sync catches up only the requests a drafting step
-# drafts (the plan's chunk > 0); the others stay behind. SCV against no speculation and fixed
-# k=2 where it should not speculate (L=1.5, the mix) and where it should (L=3); then the GPU
-# tests of the lazy draft sync and of SCV under async scheduling.
-stream0() { step scv_targeted scv_bench --policies no_spec fixed_k2 scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 32 128 --reps 2
-  step tests_targeted tests -k "lazy or scv_with_nwor"; }
+# This plan (one GPU): SCV after the acceptance prior stopped drifting to 1/2 while nothing
+# is verified, and with steps that draft only to probe priced at scv_probe_cost (1%) of the
+# engine's time: against no speculation and fixed k=2 where it should not speculate (L=1.5,
+# the mix) and where it should (L=3).
+stream0() { step scv_priced_probes scv_bench --policies no_spec fixed_k2 scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 32 128 --reps 2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -42,6 +42,9 @@ class NworConfig:
     """Largest chunk; defaults to ``num_speculative_tokens``."""
     scv_probe_interval: int = 16
     """Steps before a request at chunk 0 is probed again (doubling, up to 8x, after failures)."""
+    scv_probe_cost: float = 0.01
+    """The share of the engine's time that probes of requests at chunk 0 may cost, by the cost
+    model's measure: a step that drafts only to probe comes at most that often."""
     scv_acceptance_window: int = 16
     """Steps over which a request's acceptance estimate forgets (its effective memory)."""
     scv_cost_model: list | None = None
@@ -95,11 +98,14 @@ class _Key:
     choices: tuple = ()
     minimum: int | None = None
     optional: bool = False
+    share: bool = False  # a number in (0, 1]
 
     def check(self, key: str, value: Any, where: str) -> None:
+        kinds = (int, float) if self.kind is float else self.kind
         ok = (value is None and self.optional) or (
-            isinstance(value, self.kind)
-            and not (self.kind is int and isinstance(value, bool))
+            isinstance(value, kinds)
+            and not (self.kind in (int, float) and isinstance(value, bool))
+            and (not self.share or 0 < value <= 1)
             and (not self.choices or value in self.choices)
             and (self.minimum is None or value >= self.minimum)
         )
@@ -118,6 +124,7 @@ _KEYS = {
     "scv_chunk_size": _Key(int, "an integer >= 1 (at most num_speculative_tokens)", minimum=1,
                            optional=True),
     "scv_probe_interval": _Key(int, "an integer >= 1 (steps)", minimum=1),
+    "scv_probe_cost": _Key(float, "a number > 0 and <= 1 (share of engine time)", share=True),
     "scv_acceptance_window": _Key(int, "an integer >= 1 (steps)", minimum=1),
     "scv_cost_model": _Key(list, "null or [fixed, per_token, per_draft]: three seconds >= 0",
                            optional=True),

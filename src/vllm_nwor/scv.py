@@ -11,8 +11,10 @@ chunk size
 probe
     A chunk of size 1 given to a request at size 0 now and then, so that it can come back when
     its acceptance recovers. A due probe goes with the next step that drafts anyway, or else
-    waits for the batch's shared probe step (every ``probe_interval`` steps): the drafter works
-    for the whole batch whenever one request gets a draft, so probes are gathered, not spread.
+    waits for the batch's shared probe step: the drafter works for the whole batch whenever one
+    request gets a draft, so probes are gathered, not spread. A shared probe step comes
+    ``probe_interval`` steps after the last at the soonest, and only once its extra cost (by the
+    cost model, for the probes due) is at most ``probe_cost`` of the time since.
 exploration
     Every ``EXPLORE_INTERVAL`` steps, a step that drafts verifies a plan near the chosen one
     (another budget, uniform or not), so that the cost model keeps seeing what other plans
@@ -138,9 +140,9 @@ class AcceptanceEstimator:
     the drafts it was given, and the policy gives most to those that accept (with half the
     requests accepting everything and half nothing, the pool said 0.9, and every new request
     was given drafts until its own rejections outweighed that). Where no request of the batch
-    has evidence, it is the engine's recent acceptance over all drafts (the same counts, pooled
-    and forgetting alike; the Jeffreys prior, half an acceptance and half a rejection, for the
-    pool).
+    has evidence, it is the engine's recent acceptance over all drafts (the same counts, pooled,
+    forgetting per verify step rather than per step; the Jeffreys prior, half an acceptance and
+    half a rejection, for the pool).
     """
 
     def __init__(self, window: int) -> None:
@@ -157,9 +159,6 @@ class AcceptanceEstimator:
 
     def tick(self) -> None:
         self._step += 1
-        accepted, rejected = self._pool
-        self._pool = (accepted * self.decay, rejected * self.decay)
-        self._prior = (self._pool[0] + 0.5) / (sum(self._pool) + 1.0)
 
     def _decayed(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         columns = self._table.columns
@@ -179,8 +178,12 @@ class AcceptanceEstimator:
         columns["accepted"][rows] = old_accepted + accepted
         columns["rejected"][rows] = old_rejected + rejected
         columns["last"][rows] = self._step
-        self._pool = (self._pool[0] + float(accepted.sum()),
-                      self._pool[1] + float(rejected.sum()))
+        # The pool forgets per verify step, not per step: while nothing is verified the
+        # traffic's acceptance is what the last verdicts said (forgetting it there drifted the
+        # prior to 1/2, and a batch that should not draft drafted again every few windows).
+        self._pool = (self._pool[0] * self.decay + float(accepted.sum()),
+                      self._pool[1] * self.decay + float(rejected.sum()))
+        self._prior = (self._pool[0] + 0.5) / (sum(self._pool) + 1.0)
 
     def rate(self, req_id: str) -> float:
         return float(self.rates([req_id])[0])
@@ -333,11 +336,14 @@ class ScvSettings:
     max_graph_tokens: int | None = None
     """The most tokens a FULL decode graph takes (vLLM's largest capture size); None: no
     FULL decode graphs."""
+    probe_cost: float = 0.01
+    """The share of the engine's time that shared probe steps may cost (cost model's measure)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"scv mode {self.mode!r} is not one of {MODES}")
-        if self.max_chunk < 0 or self.probe_interval < 1 or self.acceptance_window < 1:
+        if (self.max_chunk < 0 or self.probe_interval < 1 or self.acceptance_window < 1
+                or not 0 < self.probe_cost <= 1):
             raise ValueError(f"invalid SCV settings {self}")
 
 
@@ -363,6 +369,7 @@ class ChunkPolicy:
         """Planned steps by draft budget (diagnostics)."""
         self.uniform_plans = 0
         """Planned steps where every request got the same chunk (diagnostics)."""
+        self._last_probe_step = 0  # the last shared probe step
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -442,8 +449,14 @@ class ChunkPolicy:
         idle = sizes == 0
         idle_from = np.where(idle, columns["idle_from"][rows], -1)
         idle_from[idle & (idle_from < 0)] = step
-        if sizes.any() or step % self.settings.probe_interval == 0:
+        drafting = bool(sizes.any())
+        if drafting or step - self._last_probe_step >= self.settings.probe_interval:
             probe = idle & (step - idle_from + 1 >= columns["probe_wait"][rows])
+            if probe.any() and not drafting:  # a step that drafts only to probe, if it pays
+                if self._probe_step_affordable(step, len(req_ids), int(probe.sum())):
+                    self._last_probe_step = step
+                else:
+                    probe[:] = False
             if probe.any():
                 sizes = np.where(probe, 1, sizes)
                 idle_from[probe] = -1
@@ -451,6 +464,19 @@ class ChunkPolicy:
                 self.probes = frozenset(req_ids[i] for i in np.flatnonzero(probe))
         columns["idle_from"][rows] = idle_from
         return sizes
+
+    def _probe_step_affordable(self, step: int, n: int, probes: int) -> bool:
+        """Whether a step that would not draft may draft to probe ``probes`` requests: its
+        extra cost (by the cost model: the draft pass, the probes' tokens, leaving the graphs
+        unless every request is probed) is at most ``probe_cost`` of the steps since the
+        last such step. At high concurrency a draft pass costs about a step, so such steps
+        come about every ``1 / probe_cost`` steps; at batch 1 they cost little."""
+        cost, graphs = self.cost.coefficients, self.settings.max_graph_tokens
+        plain = cost.seconds(n, n, 0, not on_full_graph(True, n, graphs))
+        probing = cost.seconds(n, n + probes, 1,
+                               not on_full_graph(probes == n, n + probes, graphs))
+        since = step - self._last_probe_step
+        return since * self.settings.probe_cost * plain >= probing - plain
 
     def _explore_near(self, sizes: np.ndarray) -> np.ndarray:
         """A plan near the chosen one: the drafting requests' chunks set to a budget up to two

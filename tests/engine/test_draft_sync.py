@@ -18,7 +18,11 @@ from vllm import SamplingParams
 
 from vllm_nwor.patches.draft_sync import STATE_ATTR, LazyDraftSync
 
-HELD_AT_ZERO = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 4}
+# Probes every 4 steps whatever they cost (scv_probe_cost 1): under this pinned cost model a
+# step that drafts only to probe costs more than a plain one, so the default share (1%) would
+# leave almost no probes to catch up for.
+HELD_AT_ZERO = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 4,
+                "scv_probe_cost": 1.0}
 
 
 def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:

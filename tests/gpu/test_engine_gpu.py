@@ -129,7 +129,8 @@ def test_lazy_draft_sync_drafts_as_if_the_draft_never_skipped(models, tmp_path, 
     caught up at probes (tests/engine/test_draft_sync.py on the CPU). bf16 attention over a
     caught-up chunk sums in another order than step by step, so acceptance is compared in
     total; a catch-up that wrote nothing or the wrong slots would leave the probes at ~0."""
-    held = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 4}
+    held = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 4,
+            "scv_probe_cost": 1.0}  # probes every 4 steps whatever they cost
     engine = {"async_scheduling": async_scheduling}
     lazy = probe(models, tmp_path, "draft_model", False, engine=engine, speculative=held)
     every_step = probe(models, tmp_path, "draft_model", False, engine=engine, speculative=held,

@@ -106,3 +106,16 @@ def test_bad_telemetry_value_names_key_value_and_allowed(value):
 def test_telemetry_key_is_claimed_from_the_speculative_config():
     ours, rest = split_plugin_keys({"method": "ngram", "nwor-telemetry": True})
     assert ours == {"nwor_telemetry": True} and rest == {"method": "ngram"}
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -0.1, 1.5, "0.1", True, None])
+def test_probe_cost_is_a_share_of_engine_time(value):
+    with pytest.raises(NworConfigError) as err:
+        NworConfig.from_dict({"scv_probe_cost": value}, where="speculative_config")
+    message = str(err.value)
+    assert "'scv_probe_cost'" in message and repr(value) in message and "<= 1" in message
+
+
+@pytest.mark.parametrize("value", [1, 0.5, 0.001])
+def test_probe_cost_accepts_shares(value):
+    assert NworConfig.from_dict({"scv_probe_cost": value}).scv_probe_cost == value

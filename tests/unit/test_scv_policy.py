@@ -148,9 +148,12 @@ def test_a_new_request_starts_at_one_half_without_traffic_and_at_the_traffics_ra
         for r in range(8):
             estimator.observe(f"r{r}", 4, 0)
     assert estimator.rate("new") < 0.05
-    for _ in range(200):  # no observations for a long time: back to the uninformed prior
+    for _ in range(200):  # nothing verified for a long time (every request at chunk 0)
         estimator.tick()
-    assert estimator.rate("newer") == pytest.approx(0.5, abs=0.01)
+    # The traffic's acceptance is still what the last verdicts said: a batch that should not
+    # draft does not drift back to drafting (only probes bring a request back).
+    assert estimator.rate("newer") < 0.05
+    assert max(estimator.rates([f"r{r}" for r in range(8)])) < 0.05
 
 
 def test_a_new_request_starts_at_the_batchs_requests_not_at_their_drafts():
@@ -210,12 +213,14 @@ def test_cost_model_ignores_a_rare_slow_step():
     assert model.coefficients.fixed == pytest.approx(0.004, rel=0.1)
 
 
-def compute_bound_policy(probe_interval=4):
-    """A policy whose cost model has learnt a compute-bound engine (1 ms per verified token)."""
+def compute_bound_policy(probe_interval=4, probe_cost=1.0):
+    """A policy whose cost model has learnt a compute-bound engine (1 ms per verified token);
+    shared probe steps may take any share of its time unless ``probe_cost`` says otherwise."""
     cost = StepCostModel(window=1000, min_steps=1)
     for step in random_steps(StepCost(0.002, 1e-3, 0, 1e-5, 0), 20):
         cost.observe(*step)
-    settings = ScvSettings("adaptive", K, probe_interval, acceptance_window=16)
+    settings = ScvSettings("adaptive", K, probe_interval, acceptance_window=16,
+                           probe_cost=probe_cost)
     return ChunkPolicy(settings, cost)
 
 
@@ -270,6 +275,28 @@ def test_probes_are_gathered_on_shared_steps():
     late = [s for s in drafting_steps if s >= 120]
     assert late, "requests at chunk 0 must still be probed"
     assert len(late) <= 120 // interval + 1, late
+
+
+@pytest.mark.parametrize("batch", [1, 24])
+def test_shared_probe_steps_cost_at_most_their_share(batch):
+    """Nobody accepts: the steps that draft only to probe cost (by the cost model) at most
+    probe_cost of the time, and still come."""
+    share = 0.01
+    policy = compute_bound_policy(probe_interval=4, probe_cost=share)
+    cost = policy.cost.coefficients
+    batch_ids = [f"r{i}" for i in range(batch)]
+    extra = plain = 0.0
+    for _ in range(2000):
+        plan = policy.plan(batch_ids)
+        budget = policy.draft_budget()
+        tokens = batch + sum(plan.values())
+        uniform = len(set(plan.values())) == 1
+        step_plain = cost.seconds(batch, batch, 0, False)
+        plain += step_plain
+        extra += cost.seconds(batch, tokens, budget, not uniform) - step_plain
+        for req in batch_ids:
+            verify(policy, req, plan, accept_all=False)
+    assert 0 < extra <= share * plain
 
 
 def test_fixed_mode_verifies_full_chunks():

@@ -55,6 +55,7 @@ def _wrap_init(init):
                 mode=config.scv,
                 max_chunk=config.scv_chunk_size or self.num_spec_tokens,
                 probe_interval=config.scv_probe_interval,
+                probe_cost=config.scv_probe_cost,
                 acceptance_window=config.scv_acceptance_window,
                 cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
                 max_graph_tokens=_max_graph_tokens(self.vllm_config),
