@@ -23,12 +23,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): SCV after the acceptance prior stopped drifting to 1/2 while nothing
-# is verified, and with steps that draft only to probe priced at scv_probe_cost (1%) of the
-# engine's time: against no speculation and fixed k=2 where it should not speculate (L=1.5,
-# the mix) and where it should (L=3).
-stream0() { step scv_priced_probes scv_bench --policies no_spec fixed_k2 scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 32 128 --reps 2; }
+# This plan (one GPU): at batch 128 and L=1.5 SCV adaptive plans no drafts in 99% of steps
+# (scv_priced_probes_*) yet ran at 0.85x plain decoding, where SCV pinned at chunk 0 runs at
+# 1.00x: the three engines side by side, in one run.
+stream0() { step adaptive_vs_pinned scv_step_profile --engines no_spec_v1 scv_chunk0 scv \
+  --batches 128 --no-profile; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
