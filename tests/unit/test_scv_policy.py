@@ -205,6 +205,26 @@ def test_cost_model_has_no_negative_costs_when_the_budget_never_changes():
     assert cost.seconds(1, 9, 8, False) == pytest.approx(0.010, rel=0.05)
 
 
+def test_cost_model_keeps_what_a_window_without_drafts_cannot_tell():
+    """A full window of plain steps at one batch size (a batch held at chunk 0): the draft
+    and off-graph costs keep their last fit instead of dropping to 0 (drafting looking free),
+    and the fixed cost is not traded against the per-token one."""
+    true_cost = StepCost(0.004, 2e-5, 8e-4, 3e-6, 1e-3)
+    model = StepCostModel(window=256, min_steps=10, refit_interval=16)
+    for step in random_steps(true_cost, 300):
+        model.observe(*step)
+    learnt = model.coefficients
+    for _ in range(300):
+        model.observe(128, 128, 0, true_cost.seconds(128, 128, 0, False), False)
+        kept = model.coefficients
+    for term in ("per_pass", "per_draft", "off_graph"):
+        assert getattr(kept, term) == pytest.approx(getattr(learnt, term), rel=0.01)
+        assert getattr(learnt, term) > 0
+    assert kept.fixed == pytest.approx(0.004, rel=0.05)
+    assert kept.seconds(128, 640, 4, False) == pytest.approx(
+        true_cost.seconds(128, 640, 4, False), rel=0.05)
+
+
 def test_cost_model_ignores_a_rare_slow_step():
     true_cost = StepCost(0.004, 2e-5, 8e-4, 3e-6, 1e-3)
     model = StepCostModel(window=1000, min_steps=10)
