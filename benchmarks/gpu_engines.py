@@ -158,10 +158,7 @@ def engine_main(conn, kwargs: dict) -> None:
     def scv_state() -> dict | None:
         """SCV's choices so far (benchmark diagnostics): steps by draft budget, uniform plans,
         and the cost model's current coefficients."""
-        core = getattr(llm.llm_engine.engine_core, "engine_core", None)
-        if core is None:  # the engine core runs in its own process
-            return None
-        policy = getattr(core.scheduler, "_nwor_scv", None)
+        policy = scv_policy(llm)
         if policy is None:
             return None
         return {"budget_counts": list(policy.budget_counts),
@@ -176,6 +173,9 @@ def engine_main(conn, kwargs: dict) -> None:
         kind, batch_prompts, extra_args, concurrency = message[:4]
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
+        if kind == "warm":
+            conn.send({"chunks_warmed": warm_every_chunk(llm, batch_prompts, params)})
+            continue
         profiler = python_profiler = busy = None
         if kind == "profile":  # torch profiler and cProfile around the run: tables come back
             import cProfile
@@ -229,6 +229,37 @@ def engine_main(conn, kwargs: dict) -> None:
             "gpu_busy": busy,
             "scv": scv,
         })
+
+
+def scv_policy(llm):
+    """The engine's SCV policy, or None (SCV off, or the engine core in its own process)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    return None if core is None else getattr(core.scheduler, "_nwor_scv", None)
+
+
+def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[int]:
+    """A warm-up run of ``batch_prompts``, first with SCV fixed at every chunk size in turn.
+
+    vLLM's speculative step compiles Triton kernels the first time it meets a draft budget
+    (and a batch size) it has not seen, seconds each. A fixed-k engine meets its only budget in
+    its first steps; SCV drafts rarely where speculation does not pay, so without this it met
+    new budgets inside measured runs (the logs' "JIT compilation during inference"). Returns
+    the chunk sizes warmed: none where no SCV policy is in reach."""
+    from dataclasses import replace
+
+    policy = scv_policy(llm)
+    chunks = list(range(1, policy.settings.max_chunk + 1)) if policy is not None else []
+    inputs = [{"prompt_token_ids": p} for p in batch_prompts]
+    settings = policy.settings if policy is not None else None
+    try:
+        for chunk in chunks:
+            policy.settings = replace(settings, mode="fixed", max_chunk=chunk)
+            llm.generate(inputs, params, use_tqdm=False)
+    finally:
+        if policy is not None:
+            policy.settings = settings
+    llm.generate(inputs, params, use_tqdm=False)
+    return chunks
 
 
 def gpu_busy(events) -> dict | None:
@@ -307,6 +338,11 @@ class Engine:
         self.conn.send(("profile", batch_prompts, extra_args or [None] * len(batch_prompts),
                         concurrency))
         return self._receive()
+
+    def warm(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> list[int]:
+        """A warm-up run (:func:`warm_every_chunk`); the chunk sizes warmed."""
+        self.conn.send(("warm", batch_prompts, extra_args or [None] * len(batch_prompts), None))
+        return self._receive()["chunks_warmed"]
 
     def stop(self) -> None:
         if self.process.is_alive():

@@ -99,9 +99,10 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
     try:
         # Warm-up at every batch size: on 2026-11-22 a warm-up at batch 4 alone left both
         # speculative engines at half speed in the first measured cells (scv_refit_*.json).
+        # SCV's included at every chunk size (gpu_engines.warm_every_chunk).
         for engine in engines.values():
             for batch in batches:
-                engine.run(prompts(batch, seed=99))
+                engine.warm(prompts(batch, seed=99))
         for name, pattern in workloads().items():
             if names is not None and name not in names:
                 continue

@@ -123,8 +123,9 @@ def main() -> None:
                                         round(0.88 / len(args.engines), 3),
                                         tuple(args.engines)), args.engine_core_process)
         try:
-            for engine in engines.values():
-                engine.run(prompts(4, seed=99))
+            for engine in engines.values():  # SCV's at every chunk size and measured batch
+                for batch in sorted({4, *args.batches, *args.profile_batches}):
+                    engine.warm(prompts(batch, seed=99))
             for batch in args.batches:
                 extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)
                 runs = {name: [] for name in engines}

@@ -159,3 +159,25 @@ def test_engine_core_in_its_own_process_keeps_each_engines_environment():
     assert kwargs == {"model": "m"} and environment == own["b"][env]
     with pytest.raises(SystemExit, match="ablations need the engine core in-process"):
         gpu_engines.engine_core_in_own_process({"c": {"model": "m", ablate: ["plan"]}})
+
+
+def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models):
+    """The GPU benchmarks' warm-up, on the real CPU engine: SCV verifies every chunk size
+    (so vLLM's speculative kernels meet every draft budget before a measured run), then runs
+    adaptive again; an engine without SCV just runs."""
+    from engine_utils import PROMPTS, engine, spec_config
+    from vllm import SamplingParams
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, draft = tiny_models
+    params = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * 2
+    held = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 10**6}
+    with engine(target, spec_config("draft_model", draft, **held)) as llm:  # would never draft
+        policy = gpu_engines.scv_policy(llm)
+        settings, before = policy.settings, list(policy.budget_counts)
+        chunks = gpu_engines.warm_every_chunk(llm, PROMPTS[:2], params)
+        planned = [after - was for after, was in zip(policy.budget_counts, before, strict=True)]
+        assert chunks == [1, 2, 3] and all(planned[chunk] > 0 for chunk in chunks), planned
+        assert policy.settings is settings and settings.mode == "adaptive"
+    with engine(target, spec_config("ngram")) as llm:
+        assert gpu_engines.warm_every_chunk(llm, PROMPTS[:2], params) == []
