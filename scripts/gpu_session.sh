@@ -23,11 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): at batch 128 and L=1.5 SCV adaptive plans no drafts in 99% of steps
-# (scv_priced_probes_*) yet ran at 0.85x plain decoding, where SCV pinned at chunk 0 runs at
-# 1.00x: the three engines side by side, in one run.
+# This plan (one GPU): the benchmarks' warm-up now runs SCV fixed at every chunk size at every
+# measured batch size, so vLLM's speculative Triton kernels no longer compile inside SCV's
+# measured runs (gpu_engines.warm_every_chunk). 0. SCV adaptive against SCV pinned at chunk 0
+# and plain decoding at batch 128, L=1.5 (0.71x vs 0.95x with the compiles inside);
+# 1. the issue's comparison where SCV should not speculate and where it should.
 stream0() { step adaptive_vs_pinned scv_step_profile --engines no_spec_v1 scv_chunk0 scv \
-  --batches 128 --no-profile; }
+  --batches 32 128 --no-profile
+  step scv_warm scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads uniform_L1.5 \
+  mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
