@@ -247,16 +247,16 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     the chunk sizes warmed: none where no SCV policy is in reach."""
     from dataclasses import replace
 
-    policy = scv_policy(llm)
-    chunks = list(range(1, policy.settings.max_chunk + 1)) if policy is not None else []
     inputs = [{"prompt_token_ids": p} for p in batch_prompts]
-    settings = policy.settings if policy is not None else None
-    try:
-        for chunk in chunks:
-            policy.settings = replace(settings, mode="fixed", max_chunk=chunk)
-            llm.generate(inputs, params, use_tqdm=False)
-    finally:
-        if policy is not None:
+    policy, chunks = scv_policy(llm), []
+    if policy is not None:
+        settings = policy.settings
+        chunks = list(range(1, settings.max_chunk + 1))
+        try:
+            for chunk in chunks:
+                policy.settings = replace(settings, mode="fixed", max_chunk=chunk)
+                llm.generate(inputs, params, use_tqdm=False)
+        finally:
             policy.settings = settings
     llm.generate(inputs, params, use_tqdm=False)
     return chunks

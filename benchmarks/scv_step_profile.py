@@ -124,7 +124,8 @@ def main() -> None:
                                         tuple(args.engines)), args.engine_core_process)
         try:
             for engine in engines.values():  # SCV's at every chunk size and measured batch
-                for batch in sorted({4, *args.batches, *args.profile_batches}):
+                profiled = () if args.no_profile else args.profile_batches
+                for batch in sorted({4, *args.batches, *profiled}):
                     engine.warm(prompts(batch, seed=99))
             for batch in args.batches:
                 extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)

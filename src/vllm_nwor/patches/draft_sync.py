@@ -125,7 +125,7 @@ class LazyDraftSync:
         (``drafted``; None: every request) skipped. A request left at chunk 0 stays behind:
         vLLM's pass writes its draft K/V of this step from an incomplete context, so this
         step's tokens join its gap (kept in the history) and its catch-up rewrites them."""
-        self._forget_departed(runner)
+        self._batch(runner)  # forgets the departed (every request's slot is given out there)
         batch = runner.input_batch
         gaps = []  # (batch row, history row, first missing position, this step's first position)
         behind = {}
@@ -140,7 +140,6 @@ class LazyDraftSync:
         self.stale_from = behind  # vLLM's pass covers this step's tokens of the others
         self._gapped = None
         if behind:
-            self._batch(runner)
             self._keep_tokens(runner)
             self.kept_behind += len(behind)
         while gaps:
