@@ -162,6 +162,7 @@ def engine_main(conn, kwargs: dict) -> None:
         if policy is None:
             return None
         return {"budget_counts": list(policy.budget_counts),
+                "budget_seconds": [list(x) for x in policy.budget_seconds],
                 "uniform_plans": policy.uniform_plans,
                 "coefficients": [float(c) for c in policy.cost.coefficients]}
 
@@ -210,6 +211,8 @@ def engine_main(conn, kwargs: dict) -> None:
             scv = {"budget_counts": [x - y for x, y in zip(scv_after["budget_counts"],
                                                             scv_before["budget_counts"],
                                                             strict=True)],
+                   "budget_seconds": [[x[0] - y[0], x[1] - y[1]] for x, y in zip(
+                       scv_after["budget_seconds"], scv_before["budget_seconds"], strict=True)],
                    "uniform_plans": scv_after["uniform_plans"] - scv_before["uniform_plans"],
                    "coefficients": scv_after["coefficients"]}
         itls = []

@@ -129,6 +129,11 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                             *(x["budget_counts"] for x in scv), strict=True)]
                         row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
                         row["scv_cost_coefficients"] = scv[-1]["coefficients"]
+                        steps = [[sum(c) for c in zip(*by_budget, strict=True)] for by_budget
+                                 in zip(*(x["budget_seconds"] for x in scv), strict=True)]
+                        row["scv_step_ms_by_budget"] = [  # observed, per step
+                            round(1e3 * seconds / count, 2) if count else None
+                            for count, seconds in steps]
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:

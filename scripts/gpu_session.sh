@@ -23,15 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU): the benchmarks' warm-up now runs SCV fixed at every chunk size at every
-# measured batch size, so vLLM's speculative Triton kernels no longer compile inside SCV's
-# measured runs (gpu_engines.warm_every_chunk). 0. SCV adaptive against SCV pinned at chunk 0
-# and plain decoding at batch 128, L=1.5 (0.71x vs 0.95x with the compiles inside);
-# 1. the issue's comparison where SCV should not speculate and where it should.
-stream0() { step adaptive_vs_pinned scv_step_profile --engines no_spec_v1 scv_chunk0 scv \
-  --batches 32 128 --no-profile
-  step scv_warm scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads uniform_L1.5 \
-  mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2; }
+# This plan (one GPU): the cost model has a term for a step that drafts at all (the GPU showed
+# about 2.8 ms beyond the passes at batch 32; without it budget 1 looked nearly free), and SCV
+# rows report the observed step time by draft budget. 0. the last session's comparison again;
+# 1. batch 256 (vLLM's batch schedule drafts 1 there); 2. L=4, where fixed k=4 and 8 are best.
+stream0() { step scv_drafting_term scv_bench --policies no_spec fixed_k2 fixed_k4 scv \
+  --workloads uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2
+  step scv_b256 scv_bench --policies no_spec fixed_k2 vllm_batch_schedule scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L4 --batches 256 --reps 2
+  step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
+  --batches 1 32 128 --reps 2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -23,20 +23,21 @@ exploration
 The policy maximises the batch's expected output rate. A request's drafts are accepted in
 sequence; with a per-draft acceptance probability ``a`` (estimated per request from its own
 history, forgetting old steps), a chunk of size ``c`` yields ``1 + a + ... + a**c`` tokens. A
-step costs (:class:`StepCost`) ``fixed + per_token * scheduled_tokens + per_pass * D
-+ per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests and draft budget
-``D``, a linear model fitted online to the engine's own step times: nothing is hand-tuned. The
-drafter runs ``D`` passes one after the other, each with its own launches whatever the batch
-(``per_pass``), over ``n`` tokens each (``per_draft``). The last term is what running without a
-FULL CUDA graph costs: a decode batch replays one when its requests all verify the same number
-of drafts (``patches/decode_graphs.py``) and it fits vLLM's largest graph; otherwise it runs
-PIECEWISE or eagerly. At low concurrency ``per_token`` is small and long chunks pay; at high
-concurrency it is large and they do not. Each request's ``j``-th draft is verified when
-``a**j`` exceeds what its verification time would buy at the batch's rate. The drafter
-proposes the same number of drafts for the whole batch (the draft budget ``D``), so ``D`` is
-chosen by evaluating the batch's rate for each ``D`` in ``[0, max_chunk]``; each request then
-verifies ``min(D, its own limit)``, or, where that is worth more once ``off_graph`` is
-counted, every request verifies ``D``.
+step costs (:class:`StepCost`) ``fixed + per_token * scheduled_tokens + drafting * [D > 0]
++ per_pass * D + per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests
+and draft budget ``D``, a linear model fitted online to the engine's own step times: nothing is
+hand-tuned. A step that drafts at all pays for the drafter's preparation and the rejection
+sampler (``drafting``); the drafter runs ``D`` passes one after the other, each with its own
+launches whatever the batch (``per_pass``), over ``n`` tokens each (``per_draft``). The
+``off_graph`` term is what running without a FULL CUDA graph costs: a decode batch replays one
+when its requests all verify the same number of drafts (``patches/decode_graphs.py``) and it
+fits vLLM's largest graph; otherwise it runs PIECEWISE or eagerly. At low concurrency
+``per_token`` is small and long chunks pay; at high concurrency it is large and they do not.
+Each request's ``j``-th draft is verified when ``a**j`` exceeds what its verification time
+would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
+batch (the draft budget ``D``), so ``D`` is chosen by evaluating the batch's rate for each
+``D`` in ``[0, max_chunk]``; each request then verifies ``min(D, its own limit)``, or, where
+that is worth more once ``off_graph`` is counted, every request verifies ``D``.
 
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """
@@ -208,11 +209,15 @@ class StepCost(NamedTuple):
     per_pass: float
     per_draft: float
     off_graph: float
+    drafting: float = 0.0
+    """What a step that drafts at all costs beyond its passes: the drafter's preparation and
+    first pass over the verified tokens, the rejection sampler, a catch-up."""
 
     def seconds(self, requests, tokens, budget, off_graph):
         """Works on numbers and on numpy arrays alike."""
         return (self.fixed + self.per_token * tokens + self.per_pass * budget
-                + self.per_draft * requests * budget + self.off_graph * off_graph)
+                + self.per_draft * requests * budget + self.off_graph * off_graph
+                + self.drafting * np.greater(budget, 0))
 
 
 def on_full_graph(uniform, tokens, max_graph_tokens: int | None):
@@ -246,7 +251,7 @@ class StepCostModel:
         self.steps = 0
         self._x = np.zeros((window, len(StepCost._fields)))
         self._y = np.zeros(window)
-        self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._fits = self._since_fit = 0
         self._fixed = None
         if fixed_coefficients is not None:
@@ -258,7 +263,8 @@ class StepCostModel:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
         row = self.steps % self.window
-        self._x[row] = (1.0, tokens, budget, requests * budget, float(off_graph))
+        self._x[row] = (1.0, tokens, budget, requests * budget, float(off_graph),
+                        float(budget > 0))
         self._y[row] = seconds
         self.steps += 1
         self._since_fit += 1
@@ -308,8 +314,8 @@ def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
                               weights: np.ndarray | None = None) -> np.ndarray:
     """``argmin sum(weights * (x @ theta - y)**2)`` over ``theta >= 0``, for a few columns.
 
-    The solution is the unconstrained fit on its own support, so every support is tried (31
-    for five columns, each a solve of at most 5 x 5 normal equations) and the best fit that is
+    The solution is the unconstrained fit on its own support, so every support is tried (63
+    for six columns, each a solve of at most 6 x 6 normal equations) and the best fit that is
     non-negative wins.
     """
     w = np.ones(len(y)) if weights is None else weights
@@ -380,6 +386,8 @@ class ChunkPolicy:
         """Planned steps by draft budget (diagnostics)."""
         self.uniform_plans = 0
         """Planned steps where every request got the same chunk (diagnostics)."""
+        self.budget_seconds = [[0, 0.0] for _ in range(settings.max_chunk + 1)]
+        """Observed steps and their seconds, by draft budget (diagnostics)."""
         self._last_probe_step = 0  # the last shared probe step
 
     # -- what happened ---------------------------------------------------------------------
@@ -410,6 +418,9 @@ class ChunkPolicy:
         """One step's duration: ``requests`` scheduled, ``tokens`` in all, ``budget`` drafts
         proposed per request after it; ``uniform`` when every request had as many tokens."""
         on_graph = on_full_graph(uniform, tokens, self.settings.max_graph_tokens)
+        if 0 <= budget < len(self.budget_seconds) and seconds > 0:
+            self.budget_seconds[budget][0] += 1
+            self.budget_seconds[budget][1] += seconds
         self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
 
     def forget(self, req_id: str) -> None:
