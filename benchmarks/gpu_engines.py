@@ -246,9 +246,13 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     vLLM's speculative step compiles Triton kernels the first time it meets a draft budget
     (and a batch size) it has not seen, seconds each. A fixed-k engine meets its only budget in
     its first steps; SCV drafts rarely where speculation does not pay, so without this it met
-    new budgets inside measured runs (the logs' "JIT compilation during inference"). Returns
-    the chunk sizes warmed: none where no SCV policy is in reach."""
+    new budgets inside measured runs (the logs' "JIT compilation during inference"). The
+    warm-up's verdicts are not the workload's (its drafts are all accepted): SCV's acceptance
+    estimates start afresh after it, or the first measured steps drafted the whole budget.
+    Returns the chunk sizes warmed: none where no SCV policy is in reach."""
     from dataclasses import replace
+
+    from vllm_nwor.scv import AcceptanceEstimator
 
     inputs = [{"prompt_token_ids": p} for p in batch_prompts]
     policy, chunks = scv_policy(llm), []
@@ -262,6 +266,8 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
         finally:
             policy.settings = settings
     llm.generate(inputs, params, use_tqdm=False)
+    if policy is not None:
+        policy.acceptance = AcceptanceEstimator(policy.settings.acceptance_window)
     return chunks
 
 

@@ -14,6 +14,7 @@ import inspect
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
@@ -26,6 +27,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 import vllm_nwor  # noqa: E402
 from vllm_nwor.patches import draft_sync  # noqa: E402
 from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
+from vllm_nwor.patches.scheduler import POLICY_ATTR  # noqa: E402
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
@@ -110,6 +112,15 @@ def main(spec: dict, out_path: str) -> None:
                             ignore_eos=True)
     prompts = spec.get("prompts", PROMPTS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    policy = getattr(llm.llm_engine.engine_core.engine_core.scheduler, POLICY_ATTR, None)
+    again = None
+    if spec.get("idle_then_again"):  # the engine idles, then serves the prompts again
+        time.sleep(spec["idle_then_again"])
+        before = sum(seconds for _, seconds in policy.budget_seconds)
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        again = {"seconds": time.perf_counter() - start,
+                 "step_seconds": sum(seconds for _, seconds in policy.budget_seconds) - before}
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
     lazy = getattr(runner, draft_sync.STATE_ATTR, None)
@@ -126,6 +137,7 @@ def main(spec: dict, out_path: str) -> None:
         "dispatches": dispatches,
         "attention_impl": type(layers[0].impl).__name__,
         "async_scheduling": bool(runner.use_async_scheduling),
+        "again": again,
         "audit": None if cache_audit is None else {
             "violations": cache_audit.violations[:20],
             "num_violations": len(cache_audit.violations),

@@ -143,6 +143,20 @@ def test_lazy_draft_sync_drafts_as_if_the_draft_never_skipped(models, tmp_path, 
     print("token agreement lazy vs every step:", agreement(lazy["tokens"], every_step["tokens"]))
 
 
+def test_scv_step_times_leave_out_the_engines_idle_time(models, tmp_path):
+    """With async scheduling the engine schedules a step past a run's last tokens, and its
+    output waits in the batch queue until the engine steps again. Two runs 3 s apart: the step
+    times SCV's cost model sees in the second run (disjoint intervals within it) must add up
+    to at most its wall time (a benchmark's cost model saw "steps" of 0.2-18 s between its
+    runs)."""
+    scv = probe(models, tmp_path, "draft_model", False, engine={"async_scheduling": True},
+                speculative={"scv": "adaptive"}, idle_then_again=3)
+    again = scv["again"]
+    print("second run: wall seconds, SCV's observed step seconds:", again)
+    assert scv["async_scheduling"]
+    assert 0 < again["step_seconds"] <= again["seconds"]
+
+
 def test_scv_chunk_sizes_replay_full_decode_graphs(models, tmp_path):
     """Uniform batches of SCV's chunk sizes replay FULL graphs (patches/decode_graphs.py): SCV
     fixed at 2 of k = 4 drafts (3 tokens per request; vLLM's own graphs are for 5), and held at

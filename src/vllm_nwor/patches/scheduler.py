@@ -176,10 +176,15 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     # scheduling to output; with it, steps overlap and the interval between outputs is what
     # each step costs the engine's throughput (the latency from scheduling counts the
     # previous step too).
+    # A step whose requests all finished before its output came is not one: with async
+    # scheduling the engine schedules a step past a run's last tokens, and its output waits
+    # in the batch queue until the engine steps again, the next run seconds later (the GPU
+    # showed such "steps" of 0.2-18 s in the cost model's window).
     now = time.perf_counter()
     scheduled = scheduler._nwor_scheduled_at.pop(id(scheduler_output), None)
     previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
-    if scheduled is not None and sampled:
+    live = any(r in scheduler.requests for r in scheduler_output.num_scheduled_tokens)
+    if scheduled is not None and sampled and live:
         tokens = scheduler_output.num_scheduled_tokens.values()
         policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
                             scheduler_output.num_spec_tokens_to_schedule,
