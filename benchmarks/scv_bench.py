@@ -18,9 +18,14 @@ off by default, and without it every speculative policy pays the scheduler's CPU
 each step while plain decoding does not.
 
 ``batch`` is the number of requests in flight. By default the run serves ``2 * batch`` requests
-keeping ``batch`` in flight (a new request starts when one finishes: steady load, as a server
-sees it); ``--closed-batch`` sends ``batch`` requests at once and waits for the last (a request
-that speculates well finishes early and its slot then idles).
+(``--load-multiple``) keeping ``batch`` in flight (a new request starts when one finishes:
+steady load, as a server sees it); ``--closed-batch`` sends ``batch`` requests at once and waits
+for the last (a request that speculates well finishes early and its slot then idles). With
+few requests per slot the run's end weighs: plain decoding serves ``2 * batch`` requests in two
+full waves, while a policy that finishes some requests early staggers the starts, and the last
+requests to start decode at falling concurrency once the queue is empty. On the mix, SCV lost
+12% to that alone in a simulation with the measured step costs (0.86 of plain decoding at
+batch 32 with 2 requests per slot, 1.02 with 8: docs/scv.md).
 
 Workloads give each request its own per-draft acceptance rate ``a`` through the benchmark-only
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
@@ -91,7 +96,7 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
 
 def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
               prompt_len: int, memory: float, closed_batch: bool = False,
-              names: list[str] | None = None) -> dict:
+              names: list[str] | None = None, load_multiple: int = 2) -> dict:
     share = round(memory / len(policies), 3)
     engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
                              for p in policies})
@@ -107,7 +112,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             if names is not None and name not in names:
                 continue
             for batch in batches:
-                count = batch if closed_batch else 2 * batch
+                count = batch if closed_batch else load_multiple * batch
                 rates = [pattern[i % len(pattern)] for i in range(count)]
                 extra = [{"synthetic_acceptance_rate": r} for r in rates]
                 runs: dict[str, list[dict]] = {p: [] for p in policies}
@@ -139,7 +144,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
     finally:
         stop_engines(engines)
     return {"policies": policies, "gpu_memory_share": share,
-            "load": "closed batch" if closed_batch else "steady, 2 x batch requests",
+            "load": "closed batch" if closed_batch
+            else f"steady, {load_multiple} x batch requests",
             "async_scheduling": "on for every policy",
             "startup_seconds": {p: round(e.startup_seconds, 1) for p, e in engines.items()},
             "prompt_len": prompt_len, "reps": reps, "rows": rows}
@@ -211,6 +217,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--closed-batch", action="store_true",
                         help="send each batch at once instead of keeping `batch` in flight")
+    parser.add_argument("--load-multiple", type=int, default=2,
+                        help="requests served per slot in flight (steady load)")
     parser.add_argument("--memory", type=float, default=0.9,
                         help="share of GPU memory for the whole group, split evenly")
     parser.add_argument("--prompt-len", type=int, default=128,
@@ -222,7 +230,8 @@ def main() -> None:
         target, draft = write_models(Path(root))
         append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
                                            args.reps, args.prompt_len, args.memory,
-                                           args.closed_batch, args.workloads))
+                                           args.closed_batch, args.workloads,
+                                           args.load_multiple))
 
 
 if __name__ == "__main__":
