@@ -26,8 +26,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # This plan (one GPU, little device time left): the mix at batch 32 and 128 with 8 requests
 # per slot instead of 2 (a simulation with the measured step costs put SCV's loss there on the
 # run's end: 0.86 of plain decoding with 2 per slot, 1.02 with 8).
+# Then the idle-time GPU test must fail with its fix taken out of the installed copy.
 stream0() { step scv_mix_long scv_bench --policies no_spec scv --workloads mixed_L1.2_and_full \
-  --batches 32 128 --reps 2 --load-multiple 8; }
+  --batches 32 128 --reps 2 --load-multiple 8
+  sed -i 's/ and live:/:/' /tmp/site/vllm_nwor/patches/scheduler.py
+  grep -c " and live:" /tmp/site/vllm_nwor/patches/scheduler.py
+  step idle_test_unfixed tests -k idle_time
+  cp "$OUT/gpu-tests.log" "$OUT/idle_test_unfixed.log"; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
