@@ -21,11 +21,8 @@ each step while plain decoding does not.
 (``--load-multiple``) keeping ``batch`` in flight (a new request starts when one finishes:
 steady load, as a server sees it); ``--closed-batch`` sends ``batch`` requests at once and waits
 for the last (a request that speculates well finishes early and its slot then idles). With
-few requests per slot the run's end weighs: plain decoding serves ``2 * batch`` requests in two
-full waves, while a policy that finishes some requests early staggers the starts, and the last
-requests to start decode at falling concurrency once the queue is empty. On the mix, SCV lost
-12% to that alone in a simulation with the measured step costs (0.86 of plain decoding at
-batch 32 with 2 requests per slot, 1.02 with 8: docs/scv.md).
+few requests per slot the run's end weighs more: plain decoding serves ``2 * batch`` requests
+in two full waves, while a policy that finishes some requests early staggers the starts.
 
 Workloads give each request its own per-draft acceptance rate ``a`` through the benchmark-only
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
