@@ -23,16 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, little device time left): the mix at batch 32 and 128 with 8 requests
-# per slot instead of 2 (a simulation with the measured step costs put SCV's loss there on the
-# run's end: 0.86 of plain decoding with 2 per slot, 1.02 with 8).
-# Then the idle-time GPU test must fail with its fix taken out of the installed copy.
-stream0() { step scv_mix_long scv_bench --policies no_spec scv --workloads mixed_L1.2_and_full \
-  --batches 32 128 --reps 2 --load-multiple 8
-  sed -i 's/ and live:/:/' /tmp/site/vllm_nwor/patches/scheduler.py
-  grep -c " and live:" /tmp/site/vllm_nwor/patches/scheduler.py
-  step idle_test_unfixed tests -k idle_time
-  cp "$OUT/gpu-tests.log" "$OUT/idle_test_unfixed.log"; }
+# Next plan (one GPU): what the tenth session could not run after its fixes (idle time out of
+# the cost model, a fresh warm-up): 0. L=4, where fixed k=4 and 8 are best; 1. batch 256
+# against vLLM's batch schedule; 2. the issue's comparison again once the policy weighs how
+# sure each request's rate is (docs/scv.md, tenth session).
+stream0() { step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
+  --batches 1 32 128 --reps 2
+  step scv_b256 scv_bench --policies no_spec fixed_k2 vllm_batch_schedule scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L4 --batches 256 --reps 2
+  step scv_issue scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads uniform_L1.5 \
+  mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
