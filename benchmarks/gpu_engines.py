@@ -85,7 +85,12 @@ ENV_KEY = "_env"
 
 
 ABLATE_KEY = "_ablate"
-"""In an engine's kwargs: plugin work its process leaves out (:func:`ablate`), a diagnostic."""
+"""In an engine's kwargs: plugin work its process leaves out or replaces (:func:`ablate`,
+:data:`ORACLE`), a diagnostic."""
+
+ORACLE = "oracle_acceptance"
+"""An ablation: SCV plans with every request's true acceptance rate (:func:`use_oracle`)
+instead of its estimate, to tell what the estimates lose from what the choices lose."""
 
 
 def engine_core_in_own_process(configs: dict[str, dict]) -> dict[str, dict]:
@@ -117,6 +122,8 @@ def ablate(names: list[str]) -> None:
     patches = {"plan": (ChunkPolicy, "plan", plan_zero),
                "record": (LazyDraftSync, "record_skipped_step", lambda self, runner: None)}
     for name in names:
+        if name == ORACLE:
+            continue  # installed on the engine's policy once it exists (use_oracle)
         owner, attribute, replacement = patches[name]
         setattr(owner, attribute, replacement)
 
@@ -142,6 +149,9 @@ def engine_main(conn, kwargs: dict) -> None:
 
     llm = LLM(**kwargs)
     spec = kwargs.get("speculative_config") is not None
+    oracle = ORACLE in ablations
+    if oracle:
+        use_oracle(llm)
 
     def snapshot() -> dict:
         if not spec:
@@ -157,14 +167,15 @@ def engine_main(conn, kwargs: dict) -> None:
 
     def scv_state() -> dict | None:
         """SCV's choices so far (benchmark diagnostics): steps by draft budget, uniform plans,
-        and the cost model's current coefficients."""
+        and the cost model's current fits by band of concurrency (its smallest batch)."""
         policy = scv_policy(llm)
         if policy is None:
             return None
         return {"budget_counts": list(policy.budget_counts),
                 "budget_seconds": [list(x) for x in policy.budget_seconds],
                 "uniform_plans": policy.uniform_plans,
-                "coefficients": [float(c) for c in policy.cost.coefficients]}
+                "coefficients": {str(n): [float(c) for c in cost]
+                                 for n, cost in policy.cost.fits().items()}}
 
     conn.send("ready")
     while True:
@@ -175,7 +186,10 @@ def engine_main(conn, kwargs: dict) -> None:
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
         if kind == "warm":
-            conn.send({"chunks_warmed": warm_every_chunk(llm, batch_prompts, params)})
+            chunks = warm_every_chunk(llm, batch_prompts, params)
+            if oracle:  # the warm-up leaves SCV fresh estimates
+                use_oracle(llm)
+            conn.send({"chunks_warmed": chunks})
             continue
         profiler = python_profiler = busy = None
         if kind == "profile":  # torch profiler and cProfile around the run: tables come back
@@ -232,6 +246,28 @@ def engine_main(conn, kwargs: dict) -> None:
             "gpu_busy": busy,
             "scv": scv,
         })
+
+
+def use_oracle(llm) -> None:
+    """Gives the engine's SCV policy every request's true acceptance (:data:`ORACLE`): its
+    ``synthetic_acceptance_rate``, read from the scheduler's request, in place of SCV's estimate
+    (a real engine cannot know it). Verdicts are still counted."""
+    import numpy as np
+
+    from vllm_nwor.scv import AcceptanceEstimator
+    from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at
+
+    policy = scv_policy(llm)
+    if policy is None:
+        raise SystemExit(f"{ORACLE} needs SCV with the engine core in-process")
+    requests = llm.llm_engine.engine_core.engine_core.scheduler.requests
+
+    class OracleAcceptance(AcceptanceEstimator):
+        def rates(self, req_ids):
+            return np.array([rate_at((requests[r].sampling_params.extra_args or {}).get(
+                EXTRA_ARGS_KEY), requests[r].num_output_tokens) for r in req_ids])
+
+    policy.acceptance = OracleAcceptance(policy.settings.acceptance_window)
 
 
 def scv_policy(llm):

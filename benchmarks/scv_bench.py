@@ -5,7 +5,11 @@ Policies, each its own engine process:
 - ``no_spec``: vLLM without speculation;
 - ``fixed_k2``, ``fixed_k4``, ``fixed_k8``: draft_model with a fixed k;
 - ``vllm_batch_schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (k by batch size);
-- ``scv``: SCV adaptive, chunks up to 8.
+- ``scv``: SCV adaptive, chunks up to 8;
+- ``scv_oracle``: a diagnostic, not a policy: SCV adaptive planning with every request's true
+  acceptance rate in place of its estimate (``gpu_engines.use_oracle``). It is compared with
+  the others like ``scv`` (``scv_oracle_over_best_other``) and is never one of them. Where it
+  wins and ``scv`` loses, the estimates are at fault; where both lose, the choices are.
 
 One run takes a *group* of policies (``--policies``): their engines live side by side on one GPU
 and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A). A GPU
@@ -49,6 +53,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import (  # noqa: E402
+    ABLATE_KEY,
+    ORACLE,
     OUTPUT_LEN,
     alternate,
     prompts,
@@ -60,7 +66,11 @@ from gpu_engines import (  # noqa: E402
 )
 
 REFERENCE_K = 4
-POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv")
+POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
+            "scv_oracle")
+SCV_ROWS = ("scv", "scv_oracle")
+"""SCV's rows: ``scv_oracle`` is SCV planning with the workload's true acceptance rates (a
+diagnostic, not a policy a real engine can run), compared like SCV, never one of the others."""
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
 
 
@@ -86,8 +96,10 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
                    "synthetic_acceptance_per_request": True}
     if policy == "vllm_batch_schedule":
         speculative["num_speculative_tokens_per_batch_size"] = BATCH_SCHEDULE
-    if policy == "scv":
+    if policy in SCV_ROWS:
         speculative["scv"] = "adaptive"
+    if policy == "scv_oracle":
+        kwargs[ABLATE_KEY] = [ORACLE]
     return {**kwargs, "speculative_config": speculative}
 
 
@@ -130,7 +142,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                         row["scv_budget_counts"] = [sum(c) for c in zip(
                             *(x["budget_counts"] for x in scv), strict=True)]
                         row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
-                        row["scv_cost_coefficients"] = scv[-1]["coefficients"]
+                        row["scv_cost_coefficients"] = scv[-1]["coefficients"].get(
+                            str(1 << (batch.bit_length() - 1)))  # this batch's band
                         steps = [[sum(c) for c in zip(*by_budget, strict=True)] for by_budget
                                  in zip(*(x["budget_seconds"] for x in scv), strict=True)]
                         row["scv_step_ms_by_budget"] = [  # observed, per step
@@ -165,24 +178,29 @@ def merge(jsonl: Path, result: Path) -> None:
             tables.setdefault(key, {})[row["policy"]] = row["tok_s"]
             acceptance.setdefault(key, {})[row["policy"]] = row.get("acceptance")
             if "scv_budget_counts" in row:
-                choices.setdefault(key, []).append(
-                    {k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")})
+                choices.setdefault(key, []).append({"policy": row["policy"], **{
+                    k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")}})
         for key, tok_s in tables.items():
             groups.setdefault(key, []).append(tok_s)
     cells = []
     for (batch, workload), group_tables in sorted(groups.items()):
         tok_s: dict[str, float] = {}
         ratios = []
+        oracle_ratios = []
         for table in group_tables:
-            tok_s.update({p: v for p, v in table.items() if p != "scv"})
-            others = [v for p, v in table.items() if p != "scv"]
+            tok_s.update({p: v for p, v in table.items() if p not in SCV_ROWS})
+            others = [v for p, v in table.items() if p not in SCV_ROWS]
             if "scv" in table and others:
                 ratios.append(round(table["scv"] / max(others), 4))
-        scv = [t["scv"] for t in group_tables if "scv" in t]
-        if scv:
-            tok_s["scv"] = round(statistics.mean(scv), 1)
+            if "scv_oracle" in table and others:
+                oracle_ratios.append(round(table["scv_oracle"] / max(others), 4))
+        for name in SCV_ROWS:
+            values = [t[name] for t in group_tables if name in t]
+            if values:
+                tok_s[name] = round(statistics.mean(values), 1)
+        oracle = {"scv_oracle_over_best_other": min(oracle_ratios)} if oracle_ratios else {}
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
-                      "scv_over_best_other": min(ratios) if ratios else None,
+                      "scv_over_best_other": min(ratios) if ratios else None, **oracle,
                       "scv_over_best_other_by_group": ratios, "groups": group_tables,
                       "acceptance": acceptance.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), [])})

@@ -25,10 +25,11 @@ sequence; with a per-draft acceptance probability ``a`` (estimated per request f
 history, forgetting old steps), a chunk of size ``c`` yields ``1 + a + ... + a**c`` tokens. A
 step costs (:class:`StepCost`) ``fixed + per_token * scheduled_tokens + drafting * [D > 0]
 + per_pass * D + per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests
-and draft budget ``D``, a linear model fitted online to the engine's own step times: nothing is
-hand-tuned. A step that drafts at all pays for the drafter's preparation and the rejection
-sampler (``drafting``); the drafter runs ``D`` passes one after the other, each with its own
-launches whatever the batch (``per_pass``), over ``n`` tokens each (``per_draft``). The
+and draft budget ``D``, a linear model fitted online to the engine's own step times, one fit per
+band of concurrency (:class:`StepCostModel`): nothing is hand-tuned. A step that drafts at all
+pays for the drafter's preparation and the rejection sampler (``drafting``); the drafter runs
+``D`` passes one after the other, each with its own launches whatever the batch
+(``per_pass``), over ``n`` tokens each (``per_draft``). The
 ``off_graph`` term is what running without a FULL CUDA graph costs: a decode batch replays one
 when its requests all verify the same number of drafts (``patches/decode_graphs.py``) and it
 fits vLLM's largest graph; otherwise it runs PIECEWISE or eagerly. At low concurrency
@@ -227,20 +228,28 @@ def on_full_graph(uniform, tokens, max_graph_tokens: int | None):
     return uniform & (max_graph_tokens is not None and tokens <= max_graph_tokens)
 
 
-class StepCostModel:
-    """:class:`StepCost` fitted to the engine's own steps.
+def concurrency_band(requests: int) -> int:
+    """The band of a step with ``requests`` requests: ``b`` for ``[2**(b-1), 2**b)`` (1 is band
+    1, 2-3 band 2, ..., 128-255 band 8)."""
+    return max(int(requests), 1).bit_length()
 
-    Fitted to the last ``window`` steps by non-negative least squares, refitted every
-    ``refit_interval`` steps, with three Huber reweightings so that a rare slow step (a draft
-    catch-up, a pause of the host) does not move the fit. Every term is a cost, so none may be
-    negative: an unconstrained fit (the first GPU runs used recursive least squares) traded a
-    large ``fixed`` against a negative draft cost while the budget rarely changed, and clipping
-    that afterwards made every step look like a large fixed cost and every draft free
-    (``benchmarks/results/scv_2026-11-22_h200.json``). ``ready`` stays False until ``min_steps``
-    steps were seen; meanwhile the policy explores (random budgets, chunk sizes mixed or
-    uniform), and later it keeps exploring now and then (see :class:`ChunkPolicy`), so that
+
+class StepCostModel:
+    """:class:`StepCost` fitted to the engine's own steps, one fit per band of concurrency.
+
+    A step's cost is not one linear function of its number of requests over the whole range
+    (the drafter's passes, the kernels and the graphs change with the batch), and a single fit
+    extrapolated across it: at batch 1 a draft pass's own cost and its cost per request are the
+    same column, the fit splits them at will, and at batch 32 that priced a pass many times
+    its real cost (on the GPU, SCV then held uniform L=3 at chunk 0 in 457 of 489 steps at
+    batch 32, right after the batch-1 cells). So each band of concurrency
+    (:func:`concurrency_band`: requests in ``[2**(b-1), 2**b)``) has its own fit, and a band's
+    costs come from its own steps only. ``ready(requests)`` stays False until the band has seen
+    ``min_steps`` steps; meanwhile the policy explores there (random budgets, chunk sizes mixed
+    or uniform), and later it keeps exploring now and then (see :class:`ChunkPolicy`), so that
     the terms stay told apart. Coefficients given by the user (``scv_cost_model``: fixed, per
-    token, per draft) are used as they are, with no cost per pass or off the graphs.
+    token, per draft) are used as they are at every concurrency, with no cost per pass or off
+    the graphs.
     """
 
     def __init__(self, window: int = 256, min_steps: int = 32, refit_interval: int = 32,
@@ -248,30 +257,78 @@ class StepCostModel:
         self.window = window
         self.min_steps = min_steps
         self.refit_interval = refit_interval
-        self.steps = 0
-        self._x = np.zeros((window, len(StepCost._fields)))
-        self._y = np.zeros(window)
-        self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        self._fits = self._since_fit = 0
+        self._bands: dict[int, _BandFit] = {}
         self._fixed = None
         if fixed_coefficients is not None:
             fixed, per_token, per_draft = tuple(fixed_coefficients)[:3]
             self._fixed = StepCost(fixed, per_token, 0.0, per_draft, 0.0)
 
+    @property
+    def steps(self) -> int:
+        """Steps observed, all bands together."""
+        return sum(band.steps for band in self._bands.values())
+
     def observe(self, requests: int, tokens: int, budget: int, seconds: float,
                 off_graph: bool = False) -> None:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
-        row = self.steps % self.window
-        self._x[row] = (1.0, tokens, budget, requests * budget, float(off_graph),
-                        float(budget > 0))
-        self._y[row] = seconds
-        self.steps += 1
-        self._since_fit += 1
+        band = self._bands.get(concurrency_band(requests))
+        if band is None:
+            band = self._bands[concurrency_band(requests)] = _BandFit(self.window)
+        band.observe((1.0, tokens, budget, requests * budget, float(off_graph),
+                      float(budget > 0)), seconds)
 
-    def _refit(self) -> None:
-        self._fits += 1
-        self._since_fit = 0
+    def ready(self, requests: int) -> bool:
+        """Whether steps of ``requests`` requests have a fit (their band's ``min_steps``)."""
+        if self._fixed is not None:
+            return True
+        band = self._bands.get(concurrency_band(requests))
+        return band is not None and band.steps >= self.min_steps
+
+    def at(self, requests: int) -> StepCost:
+        """The fit for steps of ``requests`` requests (every term at least zero; all zeros
+        before its band has steps)."""
+        if self._fixed is not None:
+            return self._fixed
+        band = self._bands.get(concurrency_band(requests))
+        if band is None:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        if self.ready(requests) and band.since_fit and (
+                not band.fits or band.since_fit >= self.refit_interval):
+            band.refit()
+        return band.cost
+
+    def fits(self) -> dict[int, StepCost]:
+        """The ready bands' fits, by the band's smallest number of requests (diagnostics)."""
+        return {1 << (b - 1): self.at(1 << (b - 1)) for b in sorted(self._bands)
+                if self.ready(1 << (b - 1))}
+
+
+class _BandFit:
+    """One band's steps (the last ``window``) and their fit, by non-negative least squares,
+    with three Huber reweightings so that a rare slow step (a draft catch-up, a pause of the
+    host) does not move it. Every term is a cost, so none may be negative: an unconstrained fit
+    (the first GPU runs used recursive least squares) traded a large ``fixed`` against a
+    negative draft cost while the budget rarely changed, and clipping that afterwards made
+    every step look like a large fixed cost and every draft free
+    (``benchmarks/results/scv_2026-11-22_h200.json``)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.steps = self.fits = self.since_fit = 0
+        self._x = np.zeros((window, len(StepCost._fields)))
+        self._y = np.zeros(window)
+        self.cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def observe(self, row: tuple[float, ...], seconds: float) -> None:
+        self._x[self.steps % self.window] = row
+        self._y[self.steps % self.window] = seconds
+        self.steps += 1
+        self.since_fit += 1
+
+    def refit(self) -> None:
+        self.fits += 1
+        self.since_fit = 0
         n = min(self.steps, self.window)
         # A term whose column did not vary over the window (no drafts; every step on the
         # graphs; the same number of tokens) cannot be told apart from the fixed cost: it keeps
@@ -279,7 +336,7 @@ class StepCostModel:
         # set a draft cost to 0 after a window without drafts (drafting looked free) or traded
         # the fixed cost against the per-token one, and the singular columns made every
         # support's solve fall back to lstsq (10 ms a fit on the CPU machine, 0.4 ms now).
-        x, y, last = self._x[:n], self._y[:n], np.array(self._cost)
+        x, y, last = self._x[:n], self._y[:n], np.array(self.cost)
         varies = x.std(axis=0) > 0
         varies[0] = True  # the fixed cost (a column of ones) is always fitted
         y = y - x[:, ~varies] @ last[~varies]
@@ -293,21 +350,7 @@ class StepCostModel:
             theta = nonnegative_least_squares(
                 x, y, np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12)))
         last[varies] = theta
-        self._cost = StepCost(*(float(v) for v in last))
-
-    @property
-    def ready(self) -> bool:
-        return self._fixed is not None or self.steps >= self.min_steps
-
-    @property
-    def coefficients(self) -> StepCost:
-        """The current fit (every term at least zero)."""
-        if self._fixed is not None:
-            return self._fixed
-        if self.ready and self._since_fit and (
-                not self._fits or self._since_fit >= self.refit_interval):
-            self._refit()
-        return self._cost
+        self.cost = StepCost(*(float(v) for v in last))
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
@@ -452,15 +495,15 @@ class ChunkPolicy:
         self.acceptance.tick()
         if self.settings.mode == "fixed":
             return np.full(len(req_ids), k)
-        if not self.cost.ready:
-            # Warm-up: vary the budget and the chunks (mixed or uniform) so the cost model can
-            # separate the costs.
+        if not self.cost.ready(len(req_ids)):
+            # Warm-up at this concurrency: vary the budget and the chunks (mixed or uniform) so
+            # the cost model can separate the costs.
             budget = int(self._rng.integers(0, k + 1))
             if self._rng.random() < 0.5:
                 return np.full(len(req_ids), budget)
             return self._rng.integers(0, budget + 1, size=len(req_ids))
         step = self.acceptance.steps
-        sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.coefficients,
+        sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.at(len(req_ids)),
                              self.settings.max_graph_tokens)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
@@ -493,7 +536,7 @@ class ChunkPolicy:
         unless every request is probed) is at most ``probe_cost`` of the steps since the
         last such step. At high concurrency a draft pass costs about a step, so such steps
         come about every ``1 / probe_cost`` steps; at batch 1 they cost little."""
-        cost, graphs = self.cost.coefficients, self.settings.max_graph_tokens
+        cost, graphs = self.cost.at(n), self.settings.max_graph_tokens
         plain = cost.seconds(n, n, 0, not on_full_graph(True, n, graphs))
         probing = cost.seconds(n, n + probes, 1,
                                not on_full_graph(probes == n, n + probes, graphs))
