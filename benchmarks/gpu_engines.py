@@ -167,15 +167,14 @@ def engine_main(conn, kwargs: dict) -> None:
 
     def scv_state() -> dict | None:
         """SCV's choices so far (benchmark diagnostics): steps by draft budget, uniform plans,
-        and the cost model's current fits by band of concurrency (its smallest batch)."""
+        and the cost model's current coefficients."""
         policy = scv_policy(llm)
         if policy is None:
             return None
         return {"budget_counts": list(policy.budget_counts),
                 "budget_seconds": [list(x) for x in policy.budget_seconds],
                 "uniform_plans": policy.uniform_plans,
-                "coefficients": {str(n): [float(c) for c in cost]
-                                 for n, cost in policy.cost.fits().items()}}
+                "coefficients": [float(c) for c in policy.cost.coefficients]}
 
     conn.send("ready")
     while True:

@@ -142,8 +142,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                         row["scv_budget_counts"] = [sum(c) for c in zip(
                             *(x["budget_counts"] for x in scv), strict=True)]
                         row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
-                        row["scv_cost_coefficients"] = scv[-1]["coefficients"].get(
-                            str(1 << (batch.bit_length() - 1)))  # this batch's band
+                        row["scv_cost_coefficients"] = scv[-1]["coefficients"]
                         steps = [[sum(c) for c in zip(*by_budget, strict=True)] for by_budget
                                  in zip(*(x["budget_seconds"] for x in scv), strict=True)]
                         row["scv_step_ms_by_budget"] = [  # observed, per step

@@ -79,7 +79,7 @@ class ModeRun:
     seconds: list[float]
     requests: list[RequestSteps]
     step_cost: StepCost | None
-    """SCV's step cost fitted at this batch's concurrency, in seconds; None without SCV."""
+    """SCV's fitted step cost in seconds; None without SCV."""
     lengths_from: str
     """Where the acceptance lengths were read."""
 
@@ -131,7 +131,7 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
         draft_tokens, accepted = spec_decode_totals(llm)
         counters = vllm_nwor.get_counters(llm)
         policy = getattr(llm.llm_engine.engine_core.engine_core.scheduler, POLICY_ATTR, None)
-        step_cost = policy.cost.at(len(PROMPTS)) if policy is not None else None
+        step_cost = policy.cost.coefficients if policy is not None else None
     finally:
         llm.llm_engine.engine_core.shutdown()
     return ModeRun(name=name, texts=[o.outputs[0].text for o in outputs],
@@ -186,8 +186,8 @@ def print_requests(runs: list[ModeRun]) -> None:
         print(f"  req {i}: {_runs_of(steps.chunks)}")
     if scv.step_cost is not None:
         ms = StepCost(*(1e3 * c for c in scv.step_cost))
-        print(f"\nSCV's step-cost model, fitted to this engine's own steps at {len(PROMPTS)} "
-              f"requests: {ms.fixed:.2f} ms + {ms.per_token:.3f} ms per scheduled token\n"
+        print(f"\nSCV's step-cost model, fitted to this engine's own steps: {ms.fixed:.2f} ms "
+              f"+ {ms.per_token:.3f} ms per scheduled token\n"
               f"+ {ms.drafting:.3f} ms if it drafts + {ms.per_pass:.3f} ms per draft pass "
               f"+ {ms.per_draft:.3f} ms per proposed draft.\n"
               "The drafter proposes one number of drafts for the whole batch; a request verifies "

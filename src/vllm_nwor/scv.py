@@ -25,8 +25,8 @@ sequence; with a per-draft acceptance probability ``a`` (estimated per request f
 history, forgetting old steps), a chunk of size ``c`` yields ``1 + a + ... + a**c`` tokens. A
 step costs (:class:`StepCost`) ``fixed + per_token * scheduled_tokens + drafting * [D > 0]
 + per_pass * D + per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests
-and draft budget ``D``, a linear model fitted online to the engine's own step times, one fit per
-band of concurrency (:class:`StepCostModel`): nothing is hand-tuned. A step that drafts at all
+and draft budget ``D``, a linear model fitted online to the engine's own step times at every
+concurrency it has seen (:class:`StepCostModel`): nothing is hand-tuned. A step that drafts at all
 pays for the drafter's preparation and the rejection sampler (``drafting``); the drafter runs
 ``D`` passes one after the other, each with its own launches whatever the batch
 (``per_pass``), over ``n`` tokens each (``per_draft``). The
@@ -235,21 +235,30 @@ def concurrency_band(requests: int) -> int:
 
 
 class StepCostModel:
-    """:class:`StepCost` fitted to the engine's own steps, one fit per band of concurrency.
+    """:class:`StepCost` fitted to the engine's own steps, over every concurrency it has seen.
 
-    A step's cost is not one linear function of its number of requests over the whole range
-    (the drafter's passes, the kernels and the graphs change with the batch), and a single fit
-    extrapolated across it: at batch 1 a draft pass's own cost and its cost per request are the
-    same column, the fit splits them at will, and at batch 32 that priced a pass many times
-    its real cost (on the GPU, SCV then held uniform L=3 at chunk 0 in 457 of 489 steps at
-    batch 32, right after the batch-1 cells). So each band of concurrency
-    (:func:`concurrency_band`: requests in ``[2**(b-1), 2**b)``) has its own fit, and a band's
-    costs come from its own steps only. ``ready(requests)`` stays False until the band has seen
-    ``min_steps`` steps; meanwhile the policy explores there (random budgets, chunk sizes mixed
-    or uniform), and later it keeps exploring now and then (see :class:`ChunkPolicy`), so that
-    the terms stay told apart. Coefficients given by the user (``scv_cost_model``: fixed, per
-    token, per draft) are used as they are at every concurrency, with no cost per pass or off
-    the graphs.
+    The steps are kept by band of concurrency (:func:`concurrency_band`: requests in
+    ``[2**(b-1), 2**b)``), the last ``window`` of each band, and one fit covers them all. A
+    single window of the last steps held one batch size after a while: at batch 1 a draft
+    pass's own cost and its cost per request are the same column, the fit split them at will,
+    and at batch 32 that priced a pass many times its real cost (on the GPU, SCV then held
+    uniform L=3 at chunk 0 in 457 of 489 steps at batch 32, right after the batch-1 cells).
+    Kept by band, steps at other batch sizes stay in the fit and tell the two apart.
+
+    ``ready(requests)`` is True where the steps seen price that concurrency: its own band has
+    ``min_steps`` steps, or bands that have lie on both sides of it (between them the fit
+    interpolates; beyond them it would extrapolate). Elsewhere the policy explores (random
+    budgets, chunk sizes mixed or uniform), and later it keeps exploring now and then (see
+    :class:`ChunkPolicy`), so that the terms stay told apart.
+
+    The fit is by non-negative least squares, every ``refit_interval`` steps, with three Huber
+    reweightings so that a rare slow step (a draft catch-up, a pause of the host) does not move
+    it. Every term is a cost, so none may be negative: an unconstrained fit (the first GPU runs
+    used recursive least squares) traded a large ``fixed`` against a negative draft cost while
+    the budget rarely changed, and clipping that afterwards made every step look like a large
+    fixed cost and every draft free (``benchmarks/results/scv_2026-11-22_h200.json``).
+    Coefficients given by the user (``scv_cost_model``: fixed, per token, per draft) are used as
+    they are, with no cost per pass or off the graphs.
     """
 
     def __init__(self, window: int = 256, min_steps: int = 32, refit_interval: int = 32,
@@ -257,7 +266,9 @@ class StepCostModel:
         self.window = window
         self.min_steps = min_steps
         self.refit_interval = refit_interval
-        self._bands: dict[int, _BandFit] = {}
+        self._bands: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}  # x, y, [steps]
+        self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._fits = self._since_fit = 0
         self._fixed = None
         if fixed_coefficients is not None:
             fixed, per_token, per_draft = tuple(fixed_coefficients)[:3]
@@ -266,77 +277,55 @@ class StepCostModel:
     @property
     def steps(self) -> int:
         """Steps observed, all bands together."""
-        return sum(band.steps for band in self._bands.values())
+        return sum(count[0] for _, _, count in self._bands.values())
 
     def observe(self, requests: int, tokens: int, budget: int, seconds: float,
                 off_graph: bool = False) -> None:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
-        band = self._bands.get(concurrency_band(requests))
-        if band is None:
-            band = self._bands[concurrency_band(requests)] = _BandFit(self.window)
-        band.observe((1.0, tokens, budget, requests * budget, float(off_graph),
-                      float(budget > 0)), seconds)
+        band = concurrency_band(requests)
+        if band not in self._bands:
+            self._bands[band] = (np.zeros((self.window, len(StepCost._fields))),
+                                 np.zeros(self.window), [0])
+        x, y, count = self._bands[band]
+        row = count[0] % self.window
+        x[row] = (1.0, tokens, budget, requests * budget, float(off_graph), float(budget > 0))
+        y[row] = seconds
+        count[0] += 1
+        self._since_fit += 1
 
     def ready(self, requests: int) -> bool:
-        """Whether steps of ``requests`` requests have a fit (their band's ``min_steps``)."""
+        """Whether the steps seen price steps of ``requests`` requests (see the class)."""
         if self._fixed is not None:
             return True
-        band = self._bands.get(concurrency_band(requests))
-        return band is not None and band.steps >= self.min_steps
+        band = concurrency_band(requests)
+        seen = [b for b, (_, _, count) in self._bands.items() if count[0] >= self.min_steps]
+        return band in seen or (any(b < band for b in seen) and any(b > band for b in seen))
 
-    def at(self, requests: int) -> StepCost:
-        """The fit for steps of ``requests`` requests (every term at least zero; all zeros
-        before its band has steps)."""
+    @property
+    def coefficients(self) -> StepCost:
+        """The current fit (every term at least zero)."""
         if self._fixed is not None:
             return self._fixed
-        band = self._bands.get(concurrency_band(requests))
-        if band is None:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        if self.ready(requests) and band.since_fit and (
-                not band.fits or band.since_fit >= self.refit_interval):
-            band.refit()
-        return band.cost
+        if self._since_fit and self.steps >= self.min_steps and (
+                not self._fits or self._since_fit >= self.refit_interval):
+            self._refit()
+        return self._cost
 
-    def fits(self) -> dict[int, StepCost]:
-        """The ready bands' fits, by the band's smallest number of requests (diagnostics)."""
-        return {1 << (b - 1): self.at(1 << (b - 1)) for b in sorted(self._bands)
-                if self.ready(1 << (b - 1))}
-
-
-class _BandFit:
-    """One band's steps (the last ``window``) and their fit, by non-negative least squares,
-    with three Huber reweightings so that a rare slow step (a draft catch-up, a pause of the
-    host) does not move it. Every term is a cost, so none may be negative: an unconstrained fit
-    (the first GPU runs used recursive least squares) traded a large ``fixed`` against a
-    negative draft cost while the budget rarely changed, and clipping that afterwards made
-    every step look like a large fixed cost and every draft free
-    (``benchmarks/results/scv_2026-11-22_h200.json``)."""
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.steps = self.fits = self.since_fit = 0
-        self._x = np.zeros((window, len(StepCost._fields)))
-        self._y = np.zeros(window)
-        self.cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-
-    def observe(self, row: tuple[float, ...], seconds: float) -> None:
-        self._x[self.steps % self.window] = row
-        self._y[self.steps % self.window] = seconds
-        self.steps += 1
-        self.since_fit += 1
-
-    def refit(self) -> None:
-        self.fits += 1
-        self.since_fit = 0
-        n = min(self.steps, self.window)
-        # A term whose column did not vary over the window (no drafts; every step on the
-        # graphs; the same number of tokens) cannot be told apart from the fixed cost: it keeps
-        # its last fit, and only the others are fitted to what it leaves. Fitting it anyway
-        # set a draft cost to 0 after a window without drafts (drafting looked free) or traded
-        # the fixed cost against the per-token one, and the singular columns made every
-        # support's solve fall back to lstsq (10 ms a fit on the CPU machine, 0.4 ms now).
-        x, y, last = self._x[:n], self._y[:n], np.array(self.cost)
+    def _refit(self) -> None:
+        self._fits += 1
+        self._since_fit = 0
+        x = np.concatenate([x[:min(count[0], self.window)] for x, _, count in
+                            self._bands.values()])
+        y = np.concatenate([y[:min(count[0], self.window)] for _, y, count in
+                            self._bands.values()])
+        # A term whose column did not vary (no drafts; every step on the graphs; the same
+        # number of tokens) cannot be told apart from the fixed cost: it keeps its last fit,
+        # and only the others are fitted to what it leaves. Fitting it anyway set a draft cost
+        # to 0 after a window without drafts (drafting looked free) or traded the fixed cost
+        # against the per-token one, and the singular columns made every support's solve fall
+        # back to lstsq (10 ms a fit on the CPU machine, 0.4 ms now).
+        last = np.array(self._cost)
         varies = x.std(axis=0) > 0
         varies[0] = True  # the fixed cost (a column of ones) is always fitted
         y = y - x[:, ~varies] @ last[~varies]
@@ -350,7 +339,7 @@ class _BandFit:
             theta = nonnegative_least_squares(
                 x, y, np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12)))
         last[varies] = theta
-        self.cost = StepCost(*(float(v) for v in last))
+        self._cost = StepCost(*(float(v) for v in last))
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
@@ -503,7 +492,7 @@ class ChunkPolicy:
                 return np.full(len(req_ids), budget)
             return self._rng.integers(0, budget + 1, size=len(req_ids))
         step = self.acceptance.steps
-        sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.at(len(req_ids)),
+        sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.coefficients,
                              self.settings.max_graph_tokens)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
@@ -536,7 +525,7 @@ class ChunkPolicy:
         unless every request is probed) is at most ``probe_cost`` of the steps since the
         last such step. At high concurrency a draft pass costs about a step, so such steps
         come about every ``1 / probe_cost`` steps; at batch 1 they cost little."""
-        cost, graphs = self.cost.at(n), self.settings.max_graph_tokens
+        cost, graphs = self.cost.coefficients, self.settings.max_graph_tokens
         plain = cost.seconds(n, n, 0, not on_full_graph(True, n, graphs))
         probing = cost.seconds(n, n + probes, 1,
                                not on_full_graph(probes == n, n + probes, graphs))

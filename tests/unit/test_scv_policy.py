@@ -189,7 +189,7 @@ def test_cost_model_recovers_a_linear_step_time():
     for step in random_steps(true_cost, 200):
         model.observe(*step)
     assert model.ready(100)
-    assert model.at(100) == pytest.approx(true_cost, rel=0.05)
+    assert model.coefficients == pytest.approx(true_cost, rel=0.05)
 
 
 def test_cost_model_has_no_negative_costs_when_the_budget_never_changes():
@@ -201,7 +201,7 @@ def test_cost_model_has_no_negative_costs_when_the_budget_never_changes():
     rng = np.random.default_rng(0)
     for _ in range(300):
         model.observe(1, 9, 8, 0.010 * (1 + 0.1 * rng.standard_normal()))
-    cost = model.at(1)
+    cost = model.coefficients
     assert min(cost) >= 0
     assert cost.seconds(1, 9, 8, False) == pytest.approx(0.010, rel=0.05)
 
@@ -214,10 +214,10 @@ def test_cost_model_keeps_what_a_window_without_drafts_cannot_tell():
     model = StepCostModel(window=256, min_steps=10, refit_interval=16)
     for step in random_steps(true_cost, 300):
         model.observe(*step)
-    learnt = model.at(100)
+    learnt = model.coefficients
     for _ in range(300):
         model.observe(100, 100, 0, true_cost.seconds(100, 100, 0, False), False)
-        kept = model.at(100)
+        kept = model.coefficients
     for term in ("per_pass", "per_draft", "off_graph", "drafting"):
         assert getattr(kept, term) == pytest.approx(getattr(learnt, term), rel=0.01)
         assert getattr(learnt, term) > 0
@@ -230,15 +230,16 @@ def test_steps_at_batch_1_do_not_price_batch_32():
     """What the GPU showed: after the batch-1 cells, SCV held uniform L=3 at chunk 0 in 457 of
     489 steps at batch 32, where fixed k=2 gained 1.43x. At batch 1 a draft pass's own cost and
     its cost per request are one column, and a fit split them at will (half and half here);
-    carried to batch 32, that priced a pass at about ten times its cost. Each band of
-    concurrency is fitted from its own steps: batch 32 is explored before it is planned, then
-    both batch sizes are priced right."""
+    carried to batch 32, that priced a pass at about ten times its cost. Steps are kept by
+    band of concurrency: batch 32 is explored before it is planned, and with both batch sizes
+    in the fit, both are priced right."""
     true_cost = StepCost(4.6e-3, 1.7e-5, 4.5e-4, 1e-5, 1e-3, 5e-4)
     cost = StepCostModel(window=256, min_steps=32, refit_interval=16)
     for step in random_steps(true_cost, 256, requests=(1, 2)):
         cost.observe(*step)
     assert cost.ready(1) and not cost.ready(32)
-    policy = ChunkPolicy(ScvSettings("adaptive", 8, 16, acceptance_window=16), cost)
+    policy = ChunkPolicy(ScvSettings("adaptive", 8, 16, acceptance_window=16,
+                                     max_graph_tokens=512), cost)
     batch = [f"r{i}" for i in range(32)]
     budgets = []
     for _ in range(32):
@@ -249,11 +250,12 @@ def test_steps_at_batch_1_do_not_price_batch_32():
         policy.observe_step(32, tokens, budgets[-1],
                             true_cost.seconds(32, tokens, budgets[-1], not uniform), uniform)
     assert max(budgets) >= 4, budgets  # explored, not planned from batch 1's fit
+    assert cost.ready(8) and not cost.ready(64)  # between seen batch sizes, not beyond
     for n in (1, 32):
-        assert cost.at(n).seconds(n, 5 * n, 4, False) == pytest.approx(
+        assert cost.coefficients.seconds(n, 5 * n, 4, False) == pytest.approx(
             true_cost.seconds(n, 5 * n, 4, False), rel=0.02)
     rates = np.full(32, 0.74)  # L=3 at k=4
-    assert choose_sizes(rates, 8, cost.at(32)).min() >= 2  # and drafts
+    assert choose_sizes(rates, 8, cost.coefficients).min() >= 2  # and drafts
 
 
 def test_a_drafting_steps_own_cost_keeps_a_low_acceptance_batch_plain():
@@ -272,8 +274,8 @@ def test_a_drafting_steps_own_cost_keeps_a_low_acceptance_batch_plain():
                       true_cost.seconds(32, 32 * (1 + budget), budget, False))
     rates = np.full(32, 0.45)
     assert not choose_sizes(rates, 8, true_cost).any()
-    assert not choose_sizes(rates, 8, model.at(32)).any()
-    assert model.at(32).drafting == pytest.approx(2.8e-3, rel=0.05)
+    assert not choose_sizes(rates, 8, model.coefficients).any()
+    assert model.coefficients.drafting == pytest.approx(2.8e-3, rel=0.05)
 
 
 def test_cost_model_ignores_a_rare_slow_step():
@@ -281,7 +283,7 @@ def test_cost_model_ignores_a_rare_slow_step():
     model = StepCostModel(window=1000, min_steps=10)
     for i, (requests, tokens, budget, seconds, off) in enumerate(random_steps(true_cost, 200)):
         model.observe(requests, tokens, budget, seconds * (20 if i % 50 == 7 else 1), off)
-    assert model.at(100).fixed == pytest.approx(0.004, rel=0.1)
+    assert model.coefficients.fixed == pytest.approx(0.004, rel=0.1)
 
 
 def compute_bound_policy(probe_interval=4, probe_cost=1.0):
@@ -356,7 +358,7 @@ def test_shared_probe_steps_cost_at_most_their_share(batch):
     probe_cost of the time, and still come."""
     share = 0.01
     policy = compute_bound_policy(probe_interval=4, probe_cost=share)
-    cost = policy.cost.at(batch)
+    cost = policy.cost.coefficients
     batch_ids = [f"r{i}" for i in range(batch)]
     extra = plain = 0.0
     for _ in range(2000):
