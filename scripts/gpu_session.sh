@@ -23,16 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# Next plan (one GPU): what the tenth session could not run after its fixes (idle time out of
-# the cost model, a fresh warm-up): 0. L=4, where fixed k=4 and 8 are best; 1. batch 256
-# against vLLM's batch schedule; 2. the issue's comparison again once the policy weighs how
-# sure each request's rate is (docs/scv.md, tenth session).
-stream0() { step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
+# Next plan (one GPU), the eleventh session's: 0. the issue's comparison with the cost model fitted
+# over every band of concurrency; 1. SCV against SCV planning with the true acceptance rates
+# (scv_oracle: estimates or choices?); 2. L=4 (fixed k=4 and 8 best); 3. the GPU tests.
+stream0() { step scv_bands scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2
+  step scv_oracle scv_bench --policies no_spec fixed_k4 scv scv_oracle --workloads \
+  mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2
+  step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
   --batches 1 32 128 --reps 2
-  step scv_b256 scv_bench --policies no_spec fixed_k2 vllm_batch_schedule scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L4 --batches 256 --reps 2
-  step scv_issue scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads uniform_L1.5 \
-  mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2; }
+  step gpu_tests tests; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
