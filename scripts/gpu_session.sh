@@ -23,15 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# Next plan (one GPU), the eleventh session's: 0. the issue's comparison with the cost model fitted
-# over every band of concurrency; 1. SCV against SCV planning with the true acceptance rates
-# (scv_oracle: estimates or choices?); 2. L=4 (fixed k=4 and 8 best); 3. the GPU tests.
-stream0() { step scv_bands scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
+# Next plan (one GPU), the eleventh session's second machine: 0. the issue's comparison with each
+# budget's steps checked against the cost model (ChunkPolicy.calibration); 1. L=4; 2. the GPU
+# tests (cut on the first machine).
+stream0() { step scv_calibrated scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
   uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2
-  step scv_oracle scv_bench --policies no_spec fixed_k4 scv scv_oracle --workloads \
-  mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2
-  step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
-  --batches 1 32 128 --reps 2
+  step scv_L4_calibrated scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads \
+  uniform_L4 --batches 1 32 128 --reps 2
   step gpu_tests tests; }
 
 gpus=$(nvidia-smi -L | wc -l)
