@@ -23,14 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# Next plan (one GPU), the eleventh session's second machine: 0. the issue's comparison with each
-# budget's steps checked against the cost model (ChunkPolicy.calibration); 1. L=4; 2. the GPU
-# tests (cut on the first machine).
-stream0() { step scv_calibrated scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 2
-  step scv_L4_calibrated scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads \
-  uniform_L4 --batches 1 32 128 --reps 2
-  step gpu_tests tests; }
+# Next plan (one GPU): the issue's comparison again (the cells moved by up to 0.25 between two
+# runs of one commit on 2026-11-22: more repetitions), then L=4 and batch 256.
+stream0() { step scv_issue scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 4
+  step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
+  --batches 1 32 128 --reps 2
+  step scv_b256 scv_bench --policies no_spec fixed_k2 vllm_batch_schedule scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L4 --batches 256 --reps 2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

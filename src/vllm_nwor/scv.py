@@ -54,9 +54,6 @@ import numpy as np
 MODES = ("off", "fixed", "adaptive")
 EXPLORE_INTERVAL = 32
 """Every this many steps, a step that drafts verifies a plan near the chosen one instead."""
-CALIBRATION_DECAY = 1.0 - 1.0 / 32
-"""How much of its weight a checked step keeps at each later step of its budget
-(:meth:`ChunkPolicy.calibration`): about the last 32 of each budget count."""
 
 
 class SpecChunk(NamedTuple):
@@ -423,9 +420,6 @@ class ChunkPolicy:
         """Planned steps where every request got the same chunk (diagnostics)."""
         self.budget_seconds = [[0, 0.0] for _ in range(settings.max_chunk + 1)]
         """Observed steps and their seconds, by draft budget (diagnostics)."""
-        # By band of concurrency: the steps of each budget, observed and predicted seconds
-        # and their count, decayed (see calibration).
-        self._checked: dict[int, np.ndarray] = {}
         self._last_probe_step = 0  # the last shared probe step
 
     # -- what happened ---------------------------------------------------------------------
@@ -459,33 +453,7 @@ class ChunkPolicy:
         if 0 <= budget < len(self.budget_seconds) and seconds > 0:
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
-        if (0 <= budget < len(self.budget_seconds) and seconds > 0
-                and self.cost.ready(requests) and self.settings.cost_model is None):
-            checked = self._checked.setdefault(
-                concurrency_band(requests), np.zeros((3, len(self.budget_seconds))))
-            predicted = self.cost.coefficients.seconds(requests, tokens, budget, not on_graph)
-            checked[:, budget] = checked[:, budget] * CALIBRATION_DECAY + (seconds, predicted, 1)
         self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
-
-    def calibration(self, requests: int) -> np.ndarray:
-        """By draft budget: what steps of about ``requests`` requests took, over what the cost
-        model said they would (1 where it has said nothing yet).
-
-        The cost model is linear and fitted to every concurrency at once, so where a step's
-        cost is not linear in its terms it misprices some plans, always the same way: on the
-        GPU, steps at budget 8 of the heterogeneous mix at batch 128 took 37 ms where the model
-        said 24, and SCV, even with every request's true acceptance, drafted them in 94 of 516
-        steps at 0.77x plain decoding. Each budget's steps are checked against what the model
-        said when they were planned, per band of concurrency, forgetting old steps (a weight of
-        ``CALIBRATION_DECAY`` per step of that budget); the model's word counts as one step."""
-        checked = self._checked.get(concurrency_band(requests))
-        if checked is None:
-            return np.ones(len(self.budget_seconds))
-        observed, predicted, count = checked
-        with np.errstate(divide="ignore", invalid="ignore"):
-            one = np.where(count > 0, predicted / count, 0.0)  # the model's word, one step
-            ratio = (observed + one) / (predicted + one)
-        return np.where(predicted > 0, ratio, 1.0)
 
     def forget(self, req_id: str) -> None:
         """A request that finished: its history goes."""
@@ -525,8 +493,7 @@ class ChunkPolicy:
             return self._rng.integers(0, budget + 1, size=len(req_ids))
         step = self.acceptance.steps
         sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.coefficients,
-                             self.settings.max_graph_tokens,
-                             scale=self.calibration(len(req_ids)))
+                             self.settings.max_graph_tokens)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
@@ -592,8 +559,7 @@ class ChunkPolicy:
 
 
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
-                 max_graph_tokens: int | None = None, *, exit_early: bool = True,
-                 scale: np.ndarray | None = None) -> np.ndarray:
+                 max_graph_tokens: int | None = None, *, exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's expected tokens per second under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan of ``n`` requests with budget
@@ -604,8 +570,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     best of them all is chosen. ``tokens_per_second`` starts at the full-chunk plan's rate and
     is re-estimated from the best plan (Dinkelbach iterations), so the choice depends on the
     model alone. ``exit_early`` (the default) skips the search where no plan with drafts can
-    win; the result is the same. ``scale``: what the steps of each budget (the index) took
-    against what ``cost`` said (1: as it said); a plan's seconds are multiplied by its budget's.
+    win; the result is the same.
     """
     n = len(rates)
     if n == 0:
@@ -615,18 +580,15 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     budgets = np.arange(max_chunk + 1)
     gain = np.cumsum(a ** budgets[:, None], axis=0)  # gain[c, i]: request i's tokens at chunk c
     columns = np.arange(n)
-    scale = np.ones(max_chunk + 1) if scale is None else np.asarray(scale)[:max_chunk + 1]
 
     def value(tokens_out, tokens_in, uniform):  # of the plans with budget D (the index)
         off_graph = ~on_full_graph(uniform, tokens_in, max_graph_tokens)
-        seconds = cost.seconds(n, tokens_in, budgets, off_graph) * scale
-        return tokens_out / np.maximum(seconds, 1e-12)
+        return tokens_out / np.maximum(cost.seconds(n, tokens_in, budgets, off_graph), 1e-12)
 
     # Every request verifying D: the plans that can replay FULL decode graphs.
     uniform_value = value(gain.sum(axis=1), n * (1 + budgets), np.ones(len(budgets), bool))
     if exit_early and min(cost) >= 0 and uniform_value[0] > np.max(
-            gain.sum(axis=1)[1:] / (cost.seconds(n, n + budgets[1:], budgets[1:], False)
-                                    * scale[1:]),
+            gain.sum(axis=1)[1:] / cost.seconds(n, n + budgets[1:], budgets[1:], False),
             initial=0.0):
         # No plan with drafts can beat none: with budget D a plan yields at most every
         # request's tokens at chunk D and costs at least its cheapest plan (one request at D,
