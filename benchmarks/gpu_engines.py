@@ -259,7 +259,7 @@ def use_oracle(llm) -> None:
     policy = scv_policy(llm)
     if policy is None:
         raise SystemExit(f"{ORACLE} needs SCV with the engine core in-process")
-    requests = llm.llm_engine.engine_core.engine_core.scheduler.requests
+    requests = scheduler_of(llm).requests
 
     class OracleAcceptance(AcceptanceEstimator):
         def rates(self, req_ids):
@@ -269,10 +269,15 @@ def use_oracle(llm) -> None:
     policy.acceptance = OracleAcceptance(policy.settings.acceptance_window)
 
 
+def scheduler_of(llm):
+    """The engine's scheduler, or None where the engine core runs in its own process."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    return None if core is None else core.scheduler
+
+
 def scv_policy(llm):
     """The engine's SCV policy, or None (SCV off, or the engine core in its own process)."""
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
-    return None if core is None else getattr(core.scheduler, "_nwor_scv", None)
+    return getattr(scheduler_of(llm), "_nwor_scv", None)
 
 
 def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[int]:

@@ -184,23 +184,23 @@ def merge(jsonl: Path, result: Path) -> None:
     cells = []
     for (batch, workload), group_tables in sorted(groups.items()):
         tok_s: dict[str, float] = {}
-        ratios = []
-        oracle_ratios = []
+        ratios: dict[str, list[float]] = {name: [] for name in SCV_ROWS}
         for table in group_tables:
             tok_s.update({p: v for p, v in table.items() if p not in SCV_ROWS})
             others = [v for p, v in table.items() if p not in SCV_ROWS]
-            if "scv" in table and others:
-                ratios.append(round(table["scv"] / max(others), 4))
-            if "scv_oracle" in table and others:
-                oracle_ratios.append(round(table["scv_oracle"] / max(others), 4))
+            for name in SCV_ROWS:
+                if name in table and others:
+                    ratios[name].append(round(table[name] / max(others), 4))
         for name in SCV_ROWS:
             values = [t[name] for t in group_tables if name in t]
             if values:
                 tok_s[name] = round(statistics.mean(values), 1)
-        oracle = {"scv_oracle_over_best_other": min(oracle_ratios)} if oracle_ratios else {}
+        oracle = ({"scv_oracle_over_best_other": min(ratios["scv_oracle"])}
+                  if ratios["scv_oracle"] else {})
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
-                      "scv_over_best_other": min(ratios) if ratios else None, **oracle,
-                      "scv_over_best_other_by_group": ratios, "groups": group_tables,
+                      "scv_over_best_other": min(ratios["scv"]) if ratios["scv"] else None,
+                      **oracle, "scv_over_best_other_by_group": ratios["scv"],
+                      "groups": group_tables,
                       "acceptance": acceptance.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), [])})
     payload = {**recorded_environment(jsonl), "benchmark": "scv",

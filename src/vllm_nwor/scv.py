@@ -266,7 +266,8 @@ class StepCostModel:
         self.window = window
         self.min_steps = min_steps
         self.refit_interval = refit_interval
-        self._bands: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}  # x, y, [steps]
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by band: x, y (a ring)
+        self._counts: dict[int, int] = {}  # by band: steps observed
         self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._fits = self._since_fit = 0
         self._fixed = None
@@ -277,21 +278,21 @@ class StepCostModel:
     @property
     def steps(self) -> int:
         """Steps observed, all bands together."""
-        return sum(count[0] for _, _, count in self._bands.values())
+        return sum(self._counts.values())
 
     def observe(self, requests: int, tokens: int, budget: int, seconds: float,
                 off_graph: bool = False) -> None:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
         band = concurrency_band(requests)
-        if band not in self._bands:
-            self._bands[band] = (np.zeros((self.window, len(StepCost._fields))),
-                                 np.zeros(self.window), [0])
-        x, y, count = self._bands[band]
-        row = count[0] % self.window
+        if band not in self._rows:
+            self._rows[band] = (np.zeros((self.window, len(StepCost._fields))),
+                                np.zeros(self.window))
+        x, y = self._rows[band]
+        row = self._counts.get(band, 0) % self.window
         x[row] = (1.0, tokens, budget, requests * budget, float(off_graph), float(budget > 0))
         y[row] = seconds
-        count[0] += 1
+        self._counts[band] = self._counts.get(band, 0) + 1
         self._since_fit += 1
 
     def ready(self, requests: int) -> bool:
@@ -299,7 +300,7 @@ class StepCostModel:
         if self._fixed is not None:
             return True
         band = concurrency_band(requests)
-        seen = [b for b, (_, _, count) in self._bands.items() if count[0] >= self.min_steps]
+        seen = [b for b, count in self._counts.items() if count >= self.min_steps]
         return band in seen or (any(b < band for b in seen) and any(b > band for b in seen))
 
     @property
@@ -315,10 +316,9 @@ class StepCostModel:
     def _refit(self) -> None:
         self._fits += 1
         self._since_fit = 0
-        x = np.concatenate([x[:min(count[0], self.window)] for x, _, count in
-                            self._bands.values()])
-        y = np.concatenate([y[:min(count[0], self.window)] for _, y, count in
-                            self._bands.values()])
+        kept = {band: min(count, self.window) for band, count in self._counts.items()}
+        x = np.concatenate([self._rows[band][0][:n] for band, n in kept.items()])
+        y = np.concatenate([self._rows[band][1][:n] for band, n in kept.items()])
         # A term whose column did not vary (no drafts; every step on the graphs; the same
         # number of tokens) cannot be told apart from the fixed cost: it keeps its last fit,
         # and only the others are fitted to what it leaves. Fitting it anyway set a draft cost
