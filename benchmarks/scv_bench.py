@@ -10,6 +10,9 @@ Policies, each its own engine process:
   acceptance rate in place of its estimate (``gpu_engines.use_oracle``). It is compared with
   the others like ``scv`` (``scv_oracle_over_best_other``) and is never one of them. Where it
   wins and ``scv`` loses, the estimates are at fault; where both lose, the choices are.
+- ``scv_fixed2``: a diagnostic too: SCV's machinery held at chunk 2 (``scv: fixed``) in an
+  engine built for 8 drafts, as ``scv`` is. Against ``fixed_k2`` it shows what a step costs
+  SCV over vLLM's own k=2 at the same budget, apart from any choice.
 
 One run takes a *group* of policies (``--policies``): their engines live side by side on one GPU
 and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A). A GPU
@@ -67,10 +70,11 @@ from gpu_engines import (  # noqa: E402
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
-            "scv_oracle")
-SCV_ROWS = ("scv", "scv_oracle")
-"""SCV's rows: ``scv_oracle`` is SCV planning with the workload's true acceptance rates (a
-diagnostic, not a policy a real engine can run), compared like SCV, never one of the others."""
+            "scv_oracle", "scv_fixed2")
+SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2")
+"""SCV's rows: ``scv`` and two diagnostics, compared like SCV, never one of the others:
+``scv_oracle`` (SCV planning with the workload's true acceptance rates, which a real engine
+cannot know) and ``scv_fixed2`` (SCV's machinery held at chunk 2)."""
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
 
 
@@ -98,6 +102,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
         speculative["num_speculative_tokens_per_batch_size"] = BATCH_SCHEDULE
     if policy in SCV_ROWS:
         speculative["scv"] = "adaptive"
+    if policy == "scv_fixed2":
+        speculative.update(scv="fixed", scv_chunk_size=2)
     if policy == "scv_oracle":
         kwargs[ABLATE_KEY] = [ORACLE]
     return {**kwargs, "speculative_config": speculative}
@@ -195,11 +201,11 @@ def merge(jsonl: Path, result: Path) -> None:
             values = [t[name] for t in group_tables if name in t]
             if values:
                 tok_s[name] = round(statistics.mean(values), 1)
-        oracle = ({"scv_oracle_over_best_other": min(ratios["scv_oracle"])}
-                  if ratios["scv_oracle"] else {})
+        diagnostics = {f"{name}_over_best_other": min(ratios[name]) for name in SCV_ROWS[1:]
+                       if ratios[name]}
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
                       "scv_over_best_other": min(ratios["scv"]) if ratios["scv"] else None,
-                      **oracle, "scv_over_best_other_by_group": ratios["scv"],
+                      **diagnostics, "scv_over_best_other_by_group": ratios["scv"],
                       "groups": group_tables,
                       "acceptance": acceptance.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), [])})

@@ -26,7 +26,7 @@ fallback
 The :class:`NworInterceptor` decides *once per verify step, for all layers at once*, whether the
 step is staged. Its lifecycle is::
 
-    begin(step) -> stage(layer) for every target layer -> commit(accepted) | discard(reason)
+    begin(step) -> stage(layer) for every target layer -> commit(sampled) | discard(reason)
 
 FULL CUDA graphs (a backend with a fused stage): while vLLM captures its graphs, a layer called
 with more than one token per request takes the staged path with no step begun
@@ -40,6 +40,7 @@ seen staging is a graph replay, and the graph staged every layer.
 from __future__ import annotations
 
 import enum
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,20 +50,21 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
+from vllm_nwor.kernels.commit_kv import Verdict
 
 logger = get_logger(__name__)
 
 PAD_SLOT_ID = -1
 """A slot of -1 means "do not write" (vLLM's ``PAD_SLOT_ID``)."""
 
-PLACEHOLDER_TOKEN_ID = -1
-"""Rejected positions in the rejection sampler's output (vLLM's ``PLACEHOLDER_TOKEN_ID``)."""
-
 PlainWrite = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 """vLLM's own KV write for one target layer: ``(layer_idx, key, value, slot_mapping)``."""
 
-CommitFn = Callable[["StagingBuffer", torch.Tensor], None]
-"""Writes the buffer's tokens of every layer through ``slot_mapping`` (``-1`` = skip)."""
+CommitFn = Callable[["StagingBuffer", Verdict], None]
+"""Writes the staged tokens the verdict accepted, of every layer, through the buffer's slot
+mapping, and adds their count to ``verdict.committed``. If it raises, it has counted nothing:
+the interceptor then commits through vLLM's write path (which rewrites any layer already
+written with the same bytes)."""
 
 StageFn = Callable[
     [int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "StagingBuffer"], None
@@ -108,6 +110,7 @@ class IndexUploader:
         self._host = [torch.empty(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._events: list = [None, None]
         self._turn = 0
+        self._held: object = None  # the key of what the device buffer holds, if known
 
     @property
     def capacity(self) -> int:
@@ -120,12 +123,18 @@ class IndexUploader:
         step's upload (:attr:`VerifyStep.row_stage_index` is uploaded first)."""
         if n > self.capacity:
             raise StagingOverflow(f"{n} rows exceed the upload buffer of {self.capacity}")
+        self._held = None  # the caller may write them
         return self._device_buffer[:n]
 
-    def upload(self, array: np.ndarray) -> torch.Tensor:
+    def upload(self, array: np.ndarray, key: object = None) -> torch.Tensor:
+        """The device copy of ``array``. With a ``key`` (anything that identifies the array's
+        contents) nothing is copied when the buffer already holds what that key named."""
         n = len(array)
         if n > self.capacity:
             raise StagingOverflow(f"{n} step indices exceed the upload buffer of {self.capacity}")
+        if key is not None and key == self._held:
+            return self._device_buffer[:n]
+        self._held = key
         turn, self._turn = self._turn, self._turn ^ 1
         if self._events[turn] is not None:
             self._events[turn].synchronize()
@@ -166,33 +175,24 @@ class VerifyStep:
         """Builds the step from per-request draft counts and query start locations (host).
 
         Returns ``None`` when no request has drafts. With an ``uploader`` the indices reach the
-        device in one copy that does not sync the stream.
+        device in one copy that does not sync the stream, and not at all when they are those
+        of the uploader's last step (a decode batch that keeps its shape).
         """
         counts = np.asarray(num_draft_tokens, dtype=np.int64)
-        if counts.sum() == 0:
-            return None
         qsl = np.asarray(query_start_loc, dtype=np.int64)[: len(counts) + 1]
         if len(qsl) != len(counts) + 1:
             raise ValueError(
                 f"query_start_loc has {len(qsl)} entries, expected {len(counts) + 1}"
             )
-        if np.any(counts > np.diff(qsl)):
-            raise ValueError("a request has more drafts than scheduled tokens")
-        token_req = np.repeat(np.arange(len(counts)), counts)
-        chunk_start = np.cumsum(counts) - counts
-        token_pos = np.arange(counts.sum()) - np.repeat(chunk_start, counts)
-        draft_rows = qsl[1:][token_req] - counts[token_req] + token_pos
-        row_stage_index = np.full(qsl[-1], -1, dtype=np.int64)
-        row_stage_index[draft_rows] = np.arange(len(draft_rows))
-        # row_stage_index first: it then sits at the start of the uploader's device buffer,
-        # the address FULL CUDA graphs were captured reading (IndexUploader.rows).
-        parts = (row_stage_index, draft_rows, token_req, token_pos)
-        packed = np.concatenate(parts)
+        key = (counts.tobytes(), qsl.tobytes())
+        packed, lengths = _step_indices(*key)
+        if packed is None:
+            return None
         if uploader is None:
-            uploaded = torch.from_numpy(packed).to(device)
+            uploaded = torch.from_numpy(packed.copy()).to(device)
         else:
-            uploaded = uploader.upload(packed)
-        views = torch.split(uploaded, [len(p) for p in parts])
+            uploaded = uploader.upload(packed, key)
+        views = torch.split(uploaded, lengths)
         return cls(
             num_draft_tokens=tuple(counts.tolist()),
             draft_rows=views[1],
@@ -205,14 +205,37 @@ class VerifyStep:
     def num_tokens(self) -> int:
         return len(self.draft_rows)
 
-    def accepted_mask(self, sampled_token_ids: torch.Tensor) -> torch.Tensor:
-        """Which staged tokens were accepted, from the rejection sampler's output.
+    def verdict(self, sampled_token_ids: torch.Tensor, committed: torch.Tensor) -> Verdict:
+        """The step's verdict in the rejection sampler's output (``[num_reqs, max_spec_len +
+        1]``, rejected positions ``-1``): draft ``j`` was accepted exactly when entry ``j + 1``
+        is valid. It stays on the device; accepted tokens are counted into ``committed``."""
+        return Verdict(sampled_token_ids, self.token_req, self.token_pos, committed)
 
-        ``sampled_token_ids`` is ``[num_reqs, max_spec_len + 1]`` with rejected positions set to
-        ``-1``. Draft ``j`` was accepted exactly when the sampler emitted a token after it, i.e.
-        when entry ``j + 1`` is valid. Stays on the device (no host sync).
-        """
-        return sampled_token_ids[self.token_req, self.token_pos + 1] != PLACEHOLDER_TOKEN_ID
+
+@functools.lru_cache(maxsize=64)
+def _step_indices(counts_key: bytes, qsl_key: bytes) -> tuple[np.ndarray | None, list[int]]:
+    """A step's index arrays, packed for one upload (see :class:`VerifyStep`), and their
+    lengths; ``None`` without drafts. Keyed by the bytes of the draft counts and query start
+    locations: decode batches repeat them step after step, and then cost no work here."""
+    counts = np.frombuffer(counts_key, dtype=np.int64)
+    qsl = np.frombuffer(qsl_key, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return None, []
+    if np.any(counts > np.diff(qsl)):
+        raise ValueError("a request has more drafts than scheduled tokens")
+    token_req = np.repeat(np.arange(len(counts)), counts)
+    chunk_start = np.cumsum(counts) - counts
+    token_pos = np.arange(total) - np.repeat(chunk_start, counts)
+    draft_rows = qsl[1:][token_req] - counts[token_req] + token_pos
+    row_stage_index = np.full(qsl[-1], -1, dtype=np.int64)
+    row_stage_index[draft_rows] = np.arange(total)
+    # row_stage_index first: it then sits at the start of the uploader's device buffer, the
+    # address FULL CUDA graphs were captured reading (IndexUploader.rows).
+    parts = (row_stage_index, draft_rows, token_req, token_pos)
+    packed = np.concatenate(parts)
+    packed.flags.writeable = False  # shared by every step with these counts
+    return packed, [len(p) for p in parts]
 
 
 class StagingBuffer:
@@ -467,15 +490,16 @@ class NworInterceptor:
         this step's rows from the cache. False outside a step and after a fallback."""
         return self._step is not None and not self._failed and self.buffer.is_staged(layer_idx)
 
-    def commit(self, accepted: torch.Tensor) -> None:
+    def commit(self, sampled_token_ids: torch.Tensor) -> None:
         """Writes the accepted staged tokens of every layer; rejected ones are dropped.
 
-        ``accepted`` is a bool tensor over the step's staged tokens
-        (see :meth:`VerifyStep.accepted_mask`).
+        ``sampled_token_ids`` is the rejection sampler's output, ``[num_reqs, max_spec_len +
+        1]`` with rejected positions ``-1`` (see :meth:`VerifyStep.verdict`); the verdict is
+        read from it on the device.
         """
-        self._in_range("nwor.commit", self._commit, accepted)
+        self._in_range("nwor.commit", self._commit, sampled_token_ids)
 
-    def _commit(self, accepted: torch.Tensor) -> None:
+    def _commit(self, sampled_token_ids: torch.Tensor) -> None:
         step, self._step = self._step, None
         if step is None or self._failed:
             return
@@ -488,23 +512,17 @@ class NworInterceptor:
                 self._write_all_staged()
                 return
             self.graph_steps += 1  # the commit reads every layer's buffer, marked or not
-        if accepted.shape != (buffer.num_tokens,):
-            raise ValueError(
-                f"accepted has shape {tuple(accepted.shape)}, expected ({buffer.num_tokens},)"
-            )
-        n = buffer.num_tokens
-        slots = torch.where(accepted, buffer.slot_mapping[:n], PAD_SLOT_ID)
+        verdict = step.verdict(sampled_token_ids, self._committed)
         try:
-            self.commit_fn(buffer, slots)
+            self.commit_fn(buffer, verdict)
         except Exception:
             logger.exception("NWOR: commit failed; committing through vLLM's write path")
             self._fallbacks[FallbackReason.COMMIT_ERROR.value] += 1
             # If vLLM's own write fails too, the error propagates: the engine stops rather than
             # run on a cache that lacks accepted tokens.
-            self._commit_with_plain_writes(buffer, slots)
+            self._commit_with_plain_writes(buffer, verdict)
         self._steps += 1
-        self._tokens_staged += n
-        self._committed += accepted.sum()
+        self._tokens_staged += buffer.num_tokens
 
     def discard(self, reason: FallbackReason) -> None:
         """Ends the step without a verdict. Staged drafts are written as vLLM would write them.
@@ -604,7 +622,10 @@ class NworInterceptor:
             key, value = buffer.chunk(layer_idx)
             self.plain_write(layer_idx, key, value, buffer.staged_slots(layer_idx))
 
-    def _commit_with_plain_writes(self, buffer: StagingBuffer, slot_mapping: torch.Tensor) -> None:
+    def _commit_with_plain_writes(self, buffer: StagingBuffer, verdict: Verdict) -> None:
+        accepted = verdict.accepted()
+        slots = torch.where(accepted, buffer.slot_mapping[: buffer.num_tokens], PAD_SLOT_ID)
         for layer_idx in range(buffer.num_layers):
             key, value = buffer.chunk(layer_idx)
-            self.plain_write(layer_idx, key, value, slot_mapping)
+            self.plain_write(layer_idx, key, value, slots)
+        verdict.committed.add_(accepted.sum())

@@ -35,10 +35,11 @@ def setup(max_tokens=8, commit_fails=False):
         stage_kv(key, value, key_caches[layer], value_caches[layer], slots,
                  row_stage_index, buf.key[layer], buf.value[layer], buf.slot_mapping)
 
-    def commit(buf, slots):
+    def commit(buf, verdict):  # as the FLASH_ATTN backend commits: the verdict in the kernel
         if commit_fails:
             raise RuntimeError("injected commit failure")
-        commit_kv(buf.key, buf.value, slots, key_caches, value_caches)
+        commit_kv(buf.key, buf.value, buf.slot_mapping[: buf.num_tokens], key_caches,
+                  value_caches, verdict=verdict)
 
     interceptor = NworInterceptor(buffer, plain_write, commit, stage, kv_bytes_per_token=1)
     return interceptor, raws
@@ -72,10 +73,12 @@ def test_staged_step_commits_only_accepted_drafts(step_kv):
     step = VerifyStep.from_batch(NUM_DRAFTS, QSL, DEVICE)
     assert interceptor.begin(step)
     forward(interceptor, step_kv)
-    interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+    interceptor.commit(sampled([1, 0, 2]))
     expected = {20 + r for r in range(11) if r not in DRAFT_ROWS} | {21, 28, 29}
     assert all(written(raw) == expected for raw in raws)
-    assert interceptor.counters().fallbacks == {}
+    counters = interceptor.counters()
+    assert counters.fallbacks == {}
+    assert (counters.tokens_committed, counters.tokens_rejected) == (3, 2)
 
 
 def test_buffer_too_small_falls_back(step_kv):
@@ -90,10 +93,12 @@ def test_commit_error_falls_back_to_plain_writes(step_kv):
     step = VerifyStep.from_batch(NUM_DRAFTS, QSL, DEVICE)
     interceptor.begin(step)
     forward(interceptor, step_kv)
-    interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+    interceptor.commit(sampled([1, 0, 2]))
     expected = {20 + r for r in range(11) if r not in DRAFT_ROWS} | {21, 28, 29}
     assert all(written(raw) == expected for raw in raws)
-    assert interceptor.counters().fallbacks == {"commit_error": 1}
+    counters = interceptor.counters()
+    assert counters.fallbacks == {"commit_error": 1}
+    assert (counters.tokens_committed, counters.tokens_rejected) == (3, 2)
 
 
 def test_fake_tensors_during_capture_fall_back(step_kv):

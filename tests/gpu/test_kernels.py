@@ -18,7 +18,7 @@ from vllm_nwor.kernels.chunk_attention import (
     chunk_attention_merge,
     chunk_attention_merge_reference,
 )
-from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
+from vllm_nwor.kernels.commit_kv import Verdict, cache_offsets, commit_kv, commit_kv_reference
 from vllm_nwor.kernels.stage_kv import stage_kv, stage_kv_reference
 
 SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
@@ -124,6 +124,50 @@ def test_commit_kv_matches_reference(pattern, head_size, num_kv_heads, block_siz
         written = torch.nonzero((raw != SENTINEL).all(-1).all(-1).flatten()).flatten().tolist()
         assert sorted(written) == sorted(accepted)
     assert not torch.equal(results[0][0], results[0][1]) or not accepted  # own data per layer
+
+
+@pytest.mark.parametrize("pattern", ["mixed", "all_rejected", "all_accepted", "one"])
+@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 8), (128, 1), (256, 4)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_commit_kv_reads_the_samplers_verdict_like_the_reference(pattern, head_size,
+                                                                 num_kv_heads, block_size):
+    """The commit with the verdict read in the kernel: only accepted drafts are written, and
+    they are counted (onto what the counter held)."""
+    torch.manual_seed(11)
+    num_layers = 3
+    counts = [1] if pattern == "one" else [3, 0, 5, 2, 1]  # drafts per request
+    num_tokens = sum(counts)
+    if pattern == "all_rejected":
+        accepted = [0] * len(counts)
+    elif pattern in ("all_accepted", "one"):
+        accepted = counts
+    else:
+        accepted = [int(torch.randint(0, c + 1, ())) for c in counts]
+    sampled = torch.full((len(counts), max(counts) + 1), -1, dtype=torch.int32, device=DEVICE)
+    for row, count in enumerate(accepted):
+        sampled[row, : count + 1] = 5
+    token_req = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    token_pos = torch.cat([torch.arange(c) for c in counts])
+    staged_k = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    staged_v = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    slots = torch.randperm(6 * block_size, device=DEVICE)[:num_tokens].long()
+    results, counted = [], []
+    for fn in (commit_kv, commit_kv_reference):
+        raws, key_caches, value_caches = layer_caches(num_layers, 6, block_size, num_kv_heads,
+                                                      head_size)
+        committed = torch.full((), 40, dtype=torch.int64, device=DEVICE)
+        fn(staged_k, staged_v, slots, key_caches, value_caches,
+           verdict=Verdict(sampled, token_req.to(DEVICE), token_pos.to(DEVICE), committed))
+        results.append(raws)
+        counted.append(int(committed))
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+    assert counted == [40 + sum(accepted)] * 2
+    kept = [int(slots[t]) for t in range(num_tokens)
+            if int(token_pos[t]) < accepted[int(token_req[t])]]
+    for raw in results[0]:
+        written = torch.nonzero((raw != SENTINEL).all(-1).all(-1).flatten()).flatten().tolist()
+        assert sorted(written) == sorted(kept)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a >4 GiB cache on the GPU")

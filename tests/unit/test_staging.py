@@ -117,10 +117,25 @@ def test_verify_step_places_drafts_at_the_end_of_each_request():
     assert VerifyStep.from_batch([0, 0], [0, 1, 5], "cpu") is None
 
 
-def test_accepted_mask_reads_the_sampler_output():
+def test_the_verdict_reads_the_sampler_output():
     step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
-    assert step.accepted_mask(sampled([1, 0, 3])).tolist() == [True, False, True, True, True]
-    assert step.accepted_mask(sampled([0, 0, 0])).tolist() == [False] * 5
+    counter = torch.zeros((), dtype=torch.int64)
+    verdict = step.verdict(sampled([1, 0, 3]), counter)
+    assert verdict.accepted().tolist() == [True, False, True, True, True]
+    assert step.verdict(sampled([0, 0, 0]), counter).accepted().tolist() == [False] * 5
+
+
+def test_a_repeated_step_is_not_uploaded_again_unless_its_rows_were_overwritten():
+    uploader = IndexUploader(64, "cpu")
+    first = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
+    uploader._device_buffer[NUM_ROWS:].fill_(99)  # past the step: no upload would restore it
+    again = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
+    assert torch.equal(again.row_stage_index, first.row_stage_index)
+    assert uploader._device_buffer[NUM_ROWS] == 99, "the same indices were copied again"
+    uploader.rows(NUM_ROWS).fill_(-1)  # what unstage_rows does for a step that is not staged
+    after = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
+    assert after.row_stage_index.tolist() == [-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4]
+    assert after.draft_rows.tolist() == DRAFT_ROWS
 
 
 # -- commit ------------------------------------------------------------------------------------
@@ -130,12 +145,12 @@ def test_accepted_mask_reads_the_sampler_output():
 def test_commit_writes_exactly_non_draft_rows_and_accepted_drafts(accepted):
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
     # Before the verdict: only non-draft rows are in the cache, for every layer.
     for layer_idx in range(NUM_LAYERS):
         assert cache.written_slots(layer_idx) == expected_slots([0, 0, 0])
-    interceptor.commit(step.accepted_mask(sampled(accepted)))
+    interceptor.commit(sampled(accepted))
     assert_cache_holds(cache, expected_slots(accepted))
     counters = interceptor.counters()
     assert counters.verify_steps_staged == 1
@@ -150,7 +165,7 @@ def test_commit_writes_exactly_non_draft_rows_and_accepted_drafts(accepted):
 def test_attention_knows_which_layers_are_staged_until_commit():
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     assert not interceptor.is_staged(0)  # layer 0 has not staged yet
     run_forward(interceptor, layers=[0])
     assert interceptor.is_staged(0) and not interceptor.is_staged(1)
@@ -158,7 +173,7 @@ def test_attention_knows_which_layers_are_staged_until_commit():
     full_key, full_value = layer_kv(0, NUM_ROWS)
     assert torch.equal(key, full_key[DRAFT_ROWS]) and torch.equal(value, full_value[DRAFT_ROWS])
     run_forward(interceptor, layers=[1, 2, 3])
-    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    interceptor.commit(sampled([0, 0, 0]))
     assert not interceptor.is_staged(0)
 
 
@@ -181,10 +196,10 @@ def test_out_of_order_and_duplicate_staging():
 def test_duplicate_staging_counts_unique_tokens_not_operations():
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
     run_forward(interceptor)  # every layer staged twice
-    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    interceptor.commit(sampled([2, 0, 3]))
     assert interceptor.counters().tokens_staged == 5
     assert_cache_holds(cache, expected_slots([2, 0, 3]))
 
@@ -222,17 +237,18 @@ def test_overflow_goes_to_fallback_and_plain_writes():
 def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
     cache = FakeCache()
 
-    def failing_commit(buffer, slot_mapping):
+    def failing_commit(buffer, verdict):
+        slots = torch.where(verdict.accepted(), buffer.slot_mapping[: buffer.num_tokens], -1)
         for layer_idx in range(buffer.num_layers):
             if layer_idx == fail_at:
                 raise RuntimeError("injected commit failure")
             key, value = buffer.chunk(layer_idx)
-            cache.plain_write(layer_idx, key, value, slot_mapping)
+            cache.plain_write(layer_idx, key, value, slots)
 
     interceptor = make_interceptor(cache, commit_fn=failing_commit)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
-    interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+    interceptor.commit(sampled([1, 0, 2]))
     assert_cache_holds(cache, expected_slots([1, 0, 2]))
     counters = interceptor.counters()
     assert counters.fallbacks == {"commit_error": 1}
@@ -243,12 +259,12 @@ def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
 def test_commit_failure_with_failing_plain_writes_is_not_swallowed():
     cache = FakeCache()
     interceptor = make_interceptor(cache, commit_fn=lambda *_: 1 / 0)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
     cache.plain_write = lambda *_: (_ for _ in ()).throw(OSError("device lost"))
     interceptor.plain_write = cache.plain_write
     with pytest.raises(OSError, match="device lost"):
-        interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+        interceptor.commit(sampled([1, 0, 2]))
 
 
 @pytest.mark.parametrize("fail_layer", [0, 1, 3])
@@ -256,7 +272,7 @@ def test_stage_failure_is_all_or_nothing(fail_layer):
     """A layer that cannot stage sends the whole step down vLLM's write path."""
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     stage = interceptor.buffer.stage
 
     def flaky_stage(layer_idx, start, key, value):
@@ -269,7 +285,7 @@ def test_stage_failure_is_all_or_nothing(fail_layer):
     # Every layer now holds every row, drafts included, as vLLM would have written them.
     assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
     assert not any(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
-    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    interceptor.commit(sampled([0, 0, 0]))
     assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
     counters = interceptor.counters()
     assert counters.fallbacks == {"stage_error": 1}
@@ -296,12 +312,12 @@ def test_fake_tensors_fall_back():
 def test_a_layer_with_another_slot_mapping_falls_back():
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor, layers=[0, 1])
     key, value = layer_kv(2, NUM_ROWS)
     interceptor.stage(2, key, value, SLOTS.clone())  # same values, different tensor
     run_forward(interceptor, layers=[3])
-    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    interceptor.commit(sampled([0, 0, 0]))
     assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
     assert interceptor.counters().fallbacks == {"slot_mapping_mismatch": 1}
 
@@ -320,9 +336,9 @@ def test_a_step_without_commit_writes_its_drafts_at_the_next_begin():
 def test_a_layer_that_never_staged_makes_the_commit_write_everything_staged():
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor, layers=[0, 1, 3])
-    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    interceptor.commit(sampled([0, 0, 0]))
     for layer_idx in (0, 1, 3):
         assert cache.written_slots(layer_idx) == {20 + r for r in range(NUM_ROWS)}
     assert interceptor.counters().fallbacks == {"incomplete_staging": 1}
@@ -335,14 +351,14 @@ def test_seed_bug1_staging_starts_once_per_step_not_per_layer():
     """Bug 1: per-layer enable_staging let only layer 0 stage. Here every layer stages."""
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
     assert all(interceptor.buffer.is_staged(layer) for layer in range(NUM_LAYERS))
     assert all(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
     # No layer wrote a draft row directly.
     for layer_idx, slots in cache.writes:
         assert not {20 + r for r in DRAFT_ROWS} & set(slots), layer_idx
-    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    interceptor.commit(sampled([2, 0, 3]))
     assert interceptor.counters().fallbacks == {}
 
 
@@ -361,9 +377,9 @@ def test_seed_bug3_accepted_drafts_reach_the_cache():
     """Bug 3: commit was never called, so staged data never reached the cache."""
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
-    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    interceptor.commit(sampled([2, 0, 3]))
     for layer_idx in range(NUM_LAYERS):
         assert {20 + r for r in DRAFT_ROWS} <= cache.written_slots(layer_idx)
 
@@ -385,9 +401,9 @@ def test_seed_bug5_each_layer_commits_into_its_own_cache():
     """Bug 5: commit wrote every layer's K/V into one cache."""
     cache = FakeCache()
     interceptor = make_interceptor(cache)
-    step = begin(interceptor)
+    begin(interceptor)
     run_forward(interceptor)
-    interceptor.commit(step.accepted_mask(sampled([2, 0, 3])))
+    interceptor.commit(sampled([2, 0, 3]))
     assert_cache_holds(cache, expected_slots([2, 0, 3]))  # checks values per layer
     assert not torch.equal(cache.key[0], cache.key[1])
 
@@ -463,7 +479,7 @@ def test_a_replayed_graph_stages_and_the_commit_writes_accepted_drafts(accepted)
         step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
         assert interceptor.begin(step)
         replay_graph(interceptor)
-        interceptor.commit(step.accepted_mask(sampled(accepted)))
+        interceptor.commit(sampled(accepted))
     assert_cache_holds(cache, expected_slots(accepted))
     counters = interceptor.counters()
     assert counters.fallbacks == {} and interceptor.graph_steps == 2
@@ -477,7 +493,7 @@ def test_a_commit_error_after_a_replayed_graph_writes_every_layer_the_plain_way(
     step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
     assert interceptor.begin(step)
     replay_graph(interceptor)
-    interceptor.commit(step.accepted_mask(sampled([1, 0, 2])))
+    interceptor.commit(sampled([1, 0, 2]))
     assert_cache_holds(cache, expected_slots([1, 0, 2]))
     assert interceptor.counters().fallbacks == {"commit_error": 1}
     assert interceptor.graph_steps == 1
@@ -490,7 +506,7 @@ def test_a_step_that_is_not_staged_replays_the_graph_writing_every_row(why):
     first = VerifyStep.from_batch([1, 0, 1], QUERY_START_LOC, "cpu", interceptor.uploader)
     assert interceptor.begin(first)  # a staged step leaves its indices in the rows
     replay_graph(interceptor)
-    interceptor.commit(first.accepted_mask(sampled([0, 0, 0])))  # its drafts rejected
+    interceptor.commit(sampled([0, 0, 0]))  # its drafts rejected
     step = None if why == "no drafts" else VerifyStep.from_batch(
         NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
     assert not interceptor.begin(step)
@@ -505,7 +521,7 @@ def test_a_graph_step_with_some_layers_run_in_python_is_incomplete():
     step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
     assert interceptor.begin(step)
     run_forward(interceptor, layers=[0, 1])
-    interceptor.commit(step.accepted_mask(sampled([0, 0, 0])))
+    interceptor.commit(sampled([0, 0, 0]))
     assert interceptor.counters().fallbacks == {"incomplete_staging": 1}
     assert interceptor.graph_steps == 0
 

@@ -29,7 +29,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor.config import NworConfigError
 from vllm_nwor.kernels.chunk_attention import chunk_attention_merge
-from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv
+from vllm_nwor.kernels.commit_kv import Verdict, cache_offsets, commit_kv
 from vllm_nwor.kernels.stage_kv import stage_kv
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.model_runner import (
@@ -100,8 +100,14 @@ class FlashAttnBackend:
         key_caches = [k for k, _ in caches]
         value_caches = [v for _, v in caches]
         offsets = cache_offsets(key_caches, value_caches)
-        empty = torch.zeros(0, dtype=torch.int64, device=buffer.key.device)
-        commit_kv(buffer.key, buffer.value, empty, key_caches, value_caches, offsets)
+        # Checks the layouts, and compiles the commit before any step: one token, rejected
+        # (nothing is written or counted).
+        device = buffer.key.device
+        one = torch.zeros(1, dtype=torch.int64, device=device)
+        rejected = Verdict(torch.full((1, 2), -1, dtype=torch.int32, device=device), one, one,
+                           torch.zeros((), dtype=torch.int64, device=device))
+        commit_kv(buffer.key, buffer.value, buffer.slot_mapping[:1], key_caches, value_caches,
+                  offsets, verdict=rejected)
         checked: set[int] = set()
 
         def stage(layer_idx, key, value, slot_mapping, row_stage_index, buf) -> None:
@@ -111,9 +117,9 @@ class FlashAttnBackend:
                      buf.slot_mapping, checked=first_time)
             checked.add(layer_idx)
 
-        def commit(buf: StagingBuffer, slots: torch.Tensor) -> None:
-            commit_kv(buf.key, buf.value, slots, key_caches, value_caches, offsets,
-                      checked=False)
+        def commit(buf: StagingBuffer, verdict: Verdict) -> None:
+            commit_kv(buf.key, buf.value, buf.slot_mapping[: buf.num_tokens], key_caches,
+                      value_caches, offsets, checked=False, verdict=verdict)
 
         return stage, commit
 

@@ -266,7 +266,7 @@ def _wrap_sample(sample):
             )
         interceptor: NworInterceptor | None = getattr(self, INTERCEPTOR_ATTR, None)
         if interceptor is not None and interceptor.step is not None:
-            interceptor.commit(interceptor.step.accepted_mask(sampler_output.sampled_token_ids))
+            interceptor.commit(sampler_output.sampled_token_ids)
         return sampler_output
 
     return wrapper
