@@ -623,9 +623,8 @@ class NworInterceptor:
             self.plain_write(layer_idx, key, value, buffer.staged_slots(layer_idx))
 
     def _commit_with_plain_writes(self, buffer: StagingBuffer, verdict: Verdict) -> None:
-        accepted = verdict.accepted()
-        slots = torch.where(accepted, buffer.slot_mapping[: buffer.num_tokens], PAD_SLOT_ID)
+        # Counted before the writes: if one fails, the error stops the engine (see _commit).
+        slots = verdict.keep(buffer.slot_mapping[: buffer.num_tokens])
         for layer_idx in range(buffer.num_layers):
             key, value = buffer.chunk(layer_idx)
             self.plain_write(layer_idx, key, value, slots)
-        verdict.committed.add_(accepted.sum())

@@ -55,6 +55,13 @@ class Verdict(NamedTuple):
         """A bool per staged token (a few tensor ops; the kernel reads it inline)."""
         return self.sampled_token_ids[self.token_req, self.token_pos + 1] != PLACEHOLDER_TOKEN_ID
 
+    def keep(self, slots: torch.Tensor) -> torch.Tensor:
+        """``slots`` with the rejected tokens' set to -1, as tensor ops (what the kernel does
+        inline); the accepted tokens are counted into ``committed``."""
+        accepted = self.accepted()
+        self.committed.add_(accepted.sum())
+        return torch.where(accepted, slots, -1)
+
 
 def commit_kv_reference(
     staged_key: torch.Tensor,
@@ -65,9 +72,7 @@ def commit_kv_reference(
     verdict: Verdict | None = None,
 ) -> None:
     if verdict is not None:
-        accepted = verdict.accepted()
-        slots = torch.where(accepted, slots, -1)
-        verdict.committed.add_(accepted.sum())
+        slots = verdict.keep(slots)
     keep = slots >= 0
     slot = slots[keep].long()
     block_size = key_caches[0].shape[1]
