@@ -23,23 +23,19 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# Next plan (four GPUs, priority order): the GPU tests (the commit now reads the verdict in its
-# kernel) and SCV's machinery at chunk 2 against vLLM's k=2; NWOR's overhead over the issue's
-# whole matrix, draft_model and ngram, and host profiles at batch 1 and 8; the SCV comparison
-# with four repetitions, L=4, batch 256.
-stream0() { step tests tests
-  step scv_diag scv_bench --policies fixed_k2 scv_fixed2 scv --workloads uniform_L1.5 \
-  --batches 1 32 --reps 4; }
-stream1() { step nwor_dm nwor_overhead --method draft_model --k 2 4 8 --reps 3 --min-requests 8
-  step nwor_host nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 8 --reps 3 \
-  --min-requests 8 --profile-batches 1 8; }
-stream2() { step nwor_ngram nwor_overhead --method ngram --k 2 4 8 --reps 3 --min-requests 8
-  step scv_b256 scv_bench --policies no_spec fixed_k2 vllm_batch_schedule scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L4 --batches 256 --reps 2; }
-stream3() { step scv_issue scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 4
-  step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
-  --batches 1 32 128 --reps 2; }
+# Next plan (four GPUs, priority order): SCV with the cost per token falling with the step's
+# size (scv.TOKEN_KNOTS), the issue's comparison in two groups and L=4; a profile of NWOR with
+# ngram at k=8, L=9, where NWOR lost 15-19% at batch 1-32; the SCV unit-level GPU tests.
+stream0() { step scv_issue scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 4; }
+stream1() { step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
+  --batches 1 32 128 --reps 2
+  step scv_b256 scv_bench --policies no_spec fixed_k2 scv --workloads uniform_L1.5 \
+  mixed_L1.2_and_full --batches 256 --reps 2; }
+stream2() { step nwor_ngram_k8 nwor_overhead --method ngram --k 8 --L k+1 --batches 1 8 32 \
+  --reps 3 --min-requests 8 --profile-batches 8 32 --profile-L 9; }
+stream3() { step scv_issue2 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
+  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 4; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -23,17 +23,20 @@ exploration
 The policy maximises the batch's expected output rate. A request's drafts are accepted in
 sequence; with a per-draft acceptance probability ``a`` (estimated per request from its own
 history, forgetting old steps), a chunk of size ``c`` yields ``1 + a + ... + a**c`` tokens. A
-step costs (:class:`StepCost`) ``fixed + per_token * scheduled_tokens + drafting * [D > 0]
+step costs (:class:`StepCost`) ``fixed + tokens(scheduled_tokens) + drafting * [D > 0]
 + per_pass * D + per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests
-and draft budget ``D``, a linear model fitted online to the engine's own step times at every
-concurrency it has seen (:class:`StepCostModel`): nothing is hand-tuned. A step that drafts at all
+and draft budget ``D``, fitted online to the engine's own step times at every concurrency it
+has seen (:class:`StepCostModel`): nothing is hand-tuned. ``tokens`` is piecewise linear, its
+slope falling at 16, 64, 256 and 1,024 tokens where the fit says so: a forward over few tokens
+is bound by memory, over many by compute. A step that drafts at all
 pays for the drafter's preparation and the rejection sampler (``drafting``); the drafter runs
 ``D`` passes one after the other, each with its own launches whatever the batch
 (``per_pass``), over ``n`` tokens each (``per_draft``). The
 ``off_graph`` term is what running without a FULL CUDA graph costs: a decode batch replays one
 when its requests all verify the same number of drafts (``patches/decode_graphs.py``) and it
-fits vLLM's largest graph; otherwise it runs PIECEWISE or eagerly. At low concurrency
-``per_token`` is small and long chunks pay; at high concurrency it is large and they do not.
+fits vLLM's largest graph; otherwise it runs PIECEWISE or eagerly. At low concurrency a
+verified token costs little and long chunks pay; at high concurrency it costs more and they
+do not.
 Each request's ``j``-th draft is verified when ``a**j`` exceeds what its verification time
 would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
 batch (the draft budget ``D``), so ``D`` is chosen by evaluating the batch's rate for each
@@ -202,6 +205,10 @@ class AcceptanceEstimator:
         self._table.forget(req_id)
 
 
+TOKEN_KNOTS = (16, 64, 256, 1024)
+"""Where a step's cost per scheduled token may fall (:class:`StepCost`'s ``below_*`` terms)."""
+
+
 class StepCost(NamedTuple):
     """Seconds of one engine step: see the module docstring."""
 
@@ -213,12 +220,32 @@ class StepCost(NamedTuple):
     drafting: float = 0.0
     """What a step that drafts at all costs beyond its passes: the drafter's preparation and
     first pass over the verified tokens, the rejection sampler, a catch-up."""
+    below_16: float = 0.0
+    """Cost per scheduled token beyond ``per_token``, for the first 16 tokens of a step (and
+    likewise below 64, 256 and 1024, :data:`TOKEN_KNOTS`): a forward over few tokens is bound
+    by memory, over many by compute, so its cost per token falls as the step grows."""
+    below_64: float = 0.0
+    below_256: float = 0.0
+    below_1024: float = 0.0
 
     def seconds(self, requests, tokens, budget, off_graph):
         """Works on numbers and on numpy arrays alike."""
         return (self.fixed + self.per_token * tokens + self.per_pass * budget
                 + self.per_draft * requests * budget + self.off_graph * off_graph
-                + self.drafting * np.greater(budget, 0))
+                + self.drafting * np.greater(budget, 0)
+                + sum(slope * np.minimum(tokens, knot)
+                      for slope, knot in zip(self[6:], TOKEN_KNOTS, strict=True)))
+
+    def per_token_at(self, tokens: float) -> float:
+        """What one more scheduled token costs in a step of ``tokens`` tokens."""
+        return self.per_token + sum(slope for slope, knot in zip(self[6:], TOKEN_KNOTS,
+                                                                 strict=True) if tokens < knot)
+
+
+def cost_features(requests, tokens, budget, off_graph) -> tuple:
+    """A step's row for fitting :class:`StepCost`: one value per field, in order."""
+    return (1.0, tokens, budget, requests * budget, float(off_graph), float(budget > 0),
+            *(min(tokens, knot) for knot in TOKEN_KNOTS))
 
 
 def on_full_graph(uniform, tokens, max_graph_tokens: int | None):
@@ -251,7 +278,8 @@ class StepCostModel:
     budgets, chunk sizes mixed or uniform), and later it keeps exploring now and then (see
     :class:`ChunkPolicy`), so that the terms stay told apart.
 
-    The fit is by non-negative least squares, every ``refit_interval`` steps, with three Huber
+    The fit is by non-negative least squares (each slope of the cost per token too, so that it
+    can only fall where the steps say it does), every ``refit_interval`` steps, with three Huber
     reweightings so that a rare slow step (a draft catch-up, a pause of the host) does not move
     it. Every term is a cost, so none may be negative: an unconstrained fit (the first GPU runs
     used recursive least squares) traded a large ``fixed`` against a negative draft cost while
@@ -290,7 +318,7 @@ class StepCostModel:
                                 np.zeros(self.window))
         x, y = self._rows[band]
         row = self._counts.get(band, 0) % self.window
-        x[row] = (1.0, tokens, budget, requests * budget, float(off_graph), float(budget > 0))
+        x[row] = cost_features(requests, tokens, budget, off_graph)
         y[row] = seconds
         self._counts[band] = self._counts.get(band, 0) + 1
         self._since_fit += 1
@@ -344,33 +372,43 @@ class StepCostModel:
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
                               weights: np.ndarray | None = None) -> np.ndarray:
-    """``argmin sum(weights * (x @ theta - y)**2)`` over ``theta >= 0``, for a few columns.
-
-    The solution is the unconstrained fit on its own support, so every support is tried (63
-    for six columns, each a solve of at most 6 x 6 normal equations) and the best fit that is
-    non-negative wins.
-    """
+    """``argmin sum(weights * (x @ theta - y)**2)`` over ``theta >= 0`` (Lawson and Hanson's
+    active-set method on the normal equations: a few solves of at most ``columns`` square)."""
     w = np.ones(len(y)) if weights is None else weights
-    gram, moment, total = (x.T * w) @ x, (x.T * w) @ y, float(w @ (y * y))
+    gram, moment = (x.T * w) @ x, (x.T * w) @ y
     columns = x.shape[1]
-    best, best_error = np.zeros(columns), total
-    for mask in range((1 << columns) - 1, 0, -1):  # the full support first
-        support = [c for c in range(columns) if mask >> c & 1]
+    theta = np.zeros(columns)
+    passive = np.zeros(columns, dtype=bool)
+    tolerance = 1e-10 * max(float(np.abs(moment).max(initial=0.0)), 1e-300)
+
+    def solve(support: np.ndarray) -> np.ndarray:
+        z = np.zeros(columns)
         sub_gram, sub_moment = gram[np.ix_(support, support)], moment[support]
         try:
-            coef = np.linalg.solve(sub_gram, sub_moment)
-        except np.linalg.LinAlgError:  # columns that never vary together: the least-norm fit
-            coef = np.linalg.lstsq(sub_gram, sub_moment, rcond=None)[0]
-        if (coef < 0).any():
-            continue
-        theta = np.zeros(columns)
-        theta[support] = coef
-        if mask == (1 << columns) - 1:
-            return theta  # the unconstrained fit is non-negative: it is the answer
-        error = total - 2.0 * float(theta @ moment) + float(theta @ gram @ theta)
-        if error < best_error:
-            best, best_error = theta, error
-    return best
+            z[support] = np.linalg.solve(sub_gram, sub_moment)
+        except np.linalg.LinAlgError:  # columns that never vary apart: the least-norm fit
+            z[support] = np.linalg.lstsq(sub_gram, sub_moment, rcond=None)[0]
+        return z
+
+    for _ in range(3 * columns):
+        gradient = moment - gram @ theta
+        candidates = np.where(passive, -np.inf, gradient)
+        if passive.all() or candidates.max() <= tolerance:
+            break
+        passive[int(np.argmax(candidates))] = True
+        for _ in range(3 * columns):
+            z = solve(np.flatnonzero(passive))
+            if (z[passive] > 0).all():
+                theta = z
+                break
+            # Step from theta towards z as far as every term stays at least zero, and drop
+            # the terms that reach zero.
+            falling = passive & (z <= 0)
+            step = float(np.min(theta[falling] / (theta[falling] - z[falling])))
+            theta = theta + step * (z - theta)
+            passive &= theta > tolerance * 1e-6
+            theta[~passive] = 0.0
+    return theta
 
 
 @dataclass(frozen=True)
@@ -565,8 +603,9 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     ``rates``: per-request acceptance probabilities. A plan of ``n`` requests with budget
     ``D = max(sizes)`` has ``n + sum(sizes)`` tokens, and replays a FULL graph when its sizes
     are equal and its tokens at most ``max_graph_tokens`` (None: never). Each request's own
-    limit comes from the marginal test ``rate**j > tokens_per_second * per_token``; for each
-    budget ``D`` the plan is ``min(D, limit)`` per request, or ``D`` for every request, and the
+    limit comes from the marginal test ``rate**j > tokens_per_second * per_token_at(tokens)``
+    (``tokens``: the plan the rate is of); for each budget ``D`` the plan is ``min(D, limit)``
+    per request, or ``D`` for every request, and the
     best of them all is chosen. ``tokens_per_second`` starts at the full-chunk plan's rate and
     is re-estimated from the best plan (Dinkelbach iterations), so the choice depends on the
     model alone. ``exit_early`` (the default) skips the search where no plan with drafts can
@@ -597,8 +636,9 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     uniform_best = int(np.argmax(uniform_value))
     best = np.zeros(n, dtype=int)
     tokens_per_second = float(uniform_value[max_chunk])
+    tokens_in = n * (1 + max_chunk)  # the plan whose rate tokens_per_second is
     for _ in range(3):
-        threshold = tokens_per_second * cost.per_token
+        threshold = tokens_per_second * cost.per_token_at(tokens_in)
         if threshold <= 0:
             limit = np.full(n, max_chunk)
         else:
@@ -616,7 +656,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             chosen, best = float(values[choice]), sizes[choice]
         if chosen == tokens_per_second:
             break  # a fixed point: the next iteration would choose the same plan
-        tokens_per_second = chosen
+        tokens_per_second, tokens_in = chosen, n + int(best.sum())
     return best
 
 

@@ -1,0 +1,163 @@
+"""SCV's policy in a simulated engine, on the CPU in seconds: a diagnostic, not a measurement.
+
+The real :class:`vllm_nwor.scv.ChunkPolicy` plans every step of a simulated steady load
+(``batch`` requests in flight, ``load`` x ``batch`` requests of ``OUTPUT_LEN`` tokens, a new one
+admitted as one finishes). Each draft is accepted with the request's own rate, in sequence, as
+vLLM's synthetic rejection sampling with the per-request rate does. A step takes the seconds of
+a cost function shaped after the H200 runs (``benchmarks/results/scv_*_h200.json``: a plain step
+about 5 ms at batch 1 and 10 ms at batch 128; a drafting step's own cost, a cost per draft pass
+and per drafted token; leaving the FULL graphs), with multiplicative noise. The policy sees only
+its own observations (its cost model is fitted online, as in the engine), after a warm-up that,
+as ``gpu_engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
+and then starts from fresh acceptance estimates.
+
+It reports each policy's tokens per simulated second, and SCV's over the best other (no
+speculation and every fixed k), per workload and batch. Nothing is claimed from it about the
+GPU: it shows what the policy's choices are worth where the costs are known, and lets a change
+to the policy be compared with the current one in the same simulated traffic.
+
+    python benchmarks/scv_sim.py --batches 1 32 128 --seeds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import numpy as np
+
+from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk, StepCostModel
+
+OUTPUT_LEN = 128
+MAX_CHUNK = 8
+MAX_GRAPH_TOKENS = 504
+WORKLOADS = {  # per-draft acceptance rates, drawn per request in turn
+    "uniform_L1.5": [0.336],
+    "uniform_L3": [0.741],
+    "uniform_L4": [0.888],
+    "mixed_L1.2_and_full": [0.167, 1.0],
+}
+
+
+def step_seconds(n: int, sizes: np.ndarray, rng: np.random.Generator, noise: float) -> float:
+    """A step's seconds: ``n`` requests verifying ``sizes`` drafts, the drafter proposing
+    ``max(sizes)`` per request after it (shape after the H200 runs, in ms)."""
+    tokens = n + int(sizes.sum())
+    budget = int(sizes.max(initial=0))
+    ms = 5.0 + 0.022 * tokens + 5.5 * (1.0 - np.exp(-tokens / 300))  # GEMMs get efficient
+    if budget:
+        ms += 0.7 + 0.35 * budget + 0.004 * n * budget
+    uniform = sizes.min(initial=0) == budget
+    if not uniform or tokens > MAX_GRAPH_TOKENS:
+        ms += 0.05 * n ** 0.5 + 0.004 * tokens  # host work and launches of a step off the graphs
+    return ms * 1e-3 * float(rng.lognormal(0.0, noise))
+
+
+def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: int,
+             noise: float, warm_batches: list[int]) -> dict:
+    rng = np.random.default_rng(seed)
+    policy = None
+    if policy_name.startswith("scv"):
+        policy = ChunkPolicy(ScvSettings("adaptive", MAX_CHUNK, 16, 16,
+                                         max_graph_tokens=MAX_GRAPH_TOKENS),
+                             StepCostModel(), seed=seed)
+        warm(policy, warm_batches, rng, noise)
+    fixed = 0 if policy_name == "no_spec" else (
+        int(policy_name.removeprefix("fixed_k")) if policy_name.startswith("fixed_k") else None)
+    total = load * batch
+    admitted = 0
+    live: dict[str, list] = {}  # request -> [rate, tokens left]
+
+    def admit() -> None:
+        nonlocal admitted
+        live[f"r{admitted}"] = [rates[admitted % len(rates)], OUTPUT_LEN]
+        admitted += 1
+
+    while admitted < min(batch, total):
+        admit()
+    seconds = 0.0
+    tokens_out = 0
+    steps = 0
+    while live:
+        req_ids = list(live)
+        if policy is None:
+            sizes = np.full(len(req_ids), fixed)
+        else:
+            plan = policy.plan(req_ids)
+            sizes = np.array([plan[r] for r in req_ids])
+        step = step_seconds(len(req_ids), sizes, rng, noise)
+        chunks = []
+        for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
+            rate, left = live[req_id]
+            accepted = 0
+            while accepted < size and rng.random() < rate:
+                accepted += 1
+            if size:
+                chunks.append(SpecChunk(req_id, (0,) * size, 0, accepted))
+            made = min(1 + accepted, left)
+            tokens_out += made
+            live[req_id][1] = left - made
+        if policy is not None:
+            policy.observe(chunks)
+            policy.observe_step(len(req_ids), len(req_ids) + int(sizes.sum()),
+                                int(sizes.max(initial=0)), step,
+                                uniform=bool(sizes.min(initial=0) == sizes.max(initial=0)))
+        seconds += step
+        steps += 1
+        for req_id in [r for r, (_, left) in live.items() if left <= 0]:
+            del live[req_id]
+            if policy is not None:
+                policy.forget(req_id)
+            if admitted < total:
+                admit()
+    row = {"tok_s": tokens_out / seconds, "steps": steps}
+    if policy is not None:
+        row["budget_counts"] = policy.budget_counts
+    return row
+
+
+def warm(policy: ChunkPolicy, batches: list[int], rng: np.random.Generator,
+         noise: float) -> None:
+    """Every chunk size at every batch size, observed by the cost model; then fresh acceptance
+    estimates (the benchmarks' warm-up)."""
+    for n in batches:
+        for size in range(MAX_CHUNK + 1):
+            for _ in range(40):
+                sizes = np.full(n, size)
+                policy.observe_step(n, n * (1 + size), size,
+                                    step_seconds(n, sizes, rng, noise))
+    policy.acceptance = type(policy.acceptance)(policy.settings.acceptance_window)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS),
+                        default=list(WORKLOADS))
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--load", type=int, default=4, help="requests per slot")
+    parser.add_argument("--noise", type=float, default=0.05,
+                        help="sigma of the step time's lognormal noise")
+    args = parser.parse_args()
+    others = ["no_spec"] + [f"fixed_k{k}" for k in (1, 2, 3, 4, 6, 8)]
+    cells = []
+    for workload in args.workloads:
+        for batch in args.batches:
+            tok_s = {}
+            choices = []
+            for name in [*others, "scv"]:
+                runs = [simulate(name, WORKLOADS[workload], batch, args.load, seed,
+                                 args.noise, args.batches) for seed in range(args.seeds)]
+                tok_s[name] = round(statistics.mean(r["tok_s"] for r in runs), 1)
+                if name == "scv":
+                    choices = np.sum([r["budget_counts"] for r in runs], axis=0).tolist()
+            best = max(others, key=tok_s.get)
+            cells.append({"workload": workload, "batch": batch, "best_other": best,
+                          "scv_over_best_other": round(tok_s["scv"] / tok_s[best], 3),
+                          "scv_budget_counts": choices, "tok_s": tok_s})
+            print(json.dumps(cells[-1]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
