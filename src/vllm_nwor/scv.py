@@ -404,7 +404,8 @@ def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
             # Step from theta towards z as far as every term stays at least zero, and drop
             # the terms that reach zero.
             falling = passive & (z <= 0)
-            step = float(np.min(theta[falling] / (theta[falling] - z[falling])))
+            gap = theta[falling] - z[falling]  # > 0 but for a term at 0 staying at 0
+            step = float(np.min(np.where(gap > 0, theta[falling] / np.maximum(gap, 1e-300), 0.0)))
             theta = theta + step * (z - theta)
             passive &= theta > tolerance * 1e-6
             theta[~passive] = 0.0
