@@ -233,13 +233,19 @@ class StepCost(NamedTuple):
         return (self.fixed + self.per_token * tokens + self.per_pass * budget
                 + self.per_draft * requests * budget + self.off_graph * off_graph
                 + self.drafting * np.greater(budget, 0)
-                + sum(slope * np.minimum(tokens, knot)
-                      for slope, knot in zip(self[6:], TOKEN_KNOTS, strict=True)))
+                + sum(slope * np.minimum(tokens, knot) for slope, knot in self._token_slopes()))
 
     def per_token_at(self, tokens: float) -> float:
         """What one more scheduled token costs in a step of ``tokens`` tokens."""
-        return self.per_token + sum(slope for slope, knot in zip(self[6:], TOKEN_KNOTS,
-                                                                 strict=True) if tokens < knot)
+        return self.per_token + sum(slope for slope, knot in self._token_slopes()
+                                    if tokens < knot)
+
+    def _token_slopes(self):
+        """The ``below_*`` terms, each with its knot."""
+        return zip(self[_FIRST_SLOPE:], TOKEN_KNOTS, strict=True)
+
+
+_FIRST_SLOPE = StepCost._fields.index("below_16")
 
 
 def cost_features(requests, tokens, budget, off_graph) -> tuple:
@@ -351,8 +357,8 @@ class StepCostModel:
         # number of tokens) cannot be told apart from the fixed cost: it keeps its last fit,
         # and only the others are fitted to what it leaves. Fitting it anyway set a draft cost
         # to 0 after a window without drafts (drafting looked free) or traded the fixed cost
-        # against the per-token one, and the singular columns made every support's solve fall
-        # back to lstsq (10 ms a fit on the CPU machine, 0.4 ms now).
+        # against the per-token one, and the singular columns made the solves fall back to
+        # lstsq.
         last = np.array(self._cost)
         varies = x.std(axis=0) > 0
         varies[0] = True  # the fixed cost (a column of ones) is always fitted
