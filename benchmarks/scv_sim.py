@@ -40,15 +40,14 @@ WORKLOADS = {  # per-draft acceptance rates, drawn per request in turn
 }
 
 
-def step_seconds(n: int, sizes: np.ndarray, rng: np.random.Generator, noise: float) -> float:
-    """A step's seconds: ``n`` requests verifying ``sizes`` drafts, the drafter proposing
-    ``max(sizes)`` per request after it (shape after the H200 runs, in ms)."""
-    tokens = n + int(sizes.sum())
-    budget = int(sizes.max(initial=0))
+def step_seconds(n: int, tokens: int, budget: int, uniform: bool, rng: np.random.Generator,
+                 noise: float) -> float:
+    """A step's seconds: ``n`` requests, ``tokens`` scheduled, the drafter proposing ``budget``
+    per request after it, every request verifying as many drafts or not (``uniform``); shaped
+    after the H200 runs, in ms."""
     ms = 5.0 + 0.022 * tokens + 5.5 * (1.0 - np.exp(-tokens / 300))  # GEMMs get efficient
     if budget:
         ms += 0.7 + 0.35 * budget + 0.004 * n * budget
-    uniform = sizes.min(initial=0) == budget
     if not uniform or tokens > MAX_GRAPH_TOKENS:
         ms += 0.05 * n ** 0.5 + 0.004 * tokens  # host work and launches of a step off the graphs
     return ms * 1e-3 * float(rng.lognormal(0.0, noise))
@@ -86,7 +85,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         else:
             plan = policy.plan(req_ids)
             sizes = np.array([plan[r] for r in req_ids])
-        step = step_seconds(len(req_ids), sizes, rng, noise)
+        tokens, budget = len(req_ids) + int(sizes.sum()), int(sizes.max(initial=0))
+        uniform = bool(sizes.min() == budget)
+        step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise)
         chunks = []
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
             rate, left = live[req_id]
@@ -100,9 +101,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             live[req_id][1] = left - made
         if policy is not None:
             policy.observe(chunks)
-            policy.observe_step(len(req_ids), len(req_ids) + int(sizes.sum()),
-                                int(sizes.max(initial=0)), step,
-                                uniform=bool(sizes.min(initial=0) == sizes.max(initial=0)))
+            policy.observe_step(len(req_ids), tokens, budget, step, uniform)
         seconds += step
         steps += 1
         for req_id in [r for r, (_, left) in live.items() if left <= 0]:
@@ -124,9 +123,9 @@ def warm(policy: ChunkPolicy, batches: list[int], rng: np.random.Generator,
     for n in batches:
         for size in range(MAX_CHUNK + 1):
             for _ in range(40):
-                sizes = np.full(n, size)
-                policy.observe_step(n, n * (1 + size), size,
-                                    step_seconds(n, sizes, rng, noise))
+                tokens = n * (1 + size)
+                policy.observe_step(n, tokens, size,
+                                    step_seconds(n, tokens, size, True, rng, noise))
     policy.acceptance = type(policy.acceptance)(policy.settings.acceptance_window)
 
 
