@@ -23,19 +23,24 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# Next plan (four GPUs, priority order): SCV with the cost per token falling with the step's
-# size (scv.TOKEN_KNOTS), the issue's comparison in two groups and L=4; a profile of NWOR with
-# ngram at k=8, L=9, where NWOR lost 15-19% at batch 1-32; the SCV unit-level GPU tests.
-stream0() { step scv_issue scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 4; }
-stream1() { step scv_L4 scv_bench --policies no_spec fixed_k4 fixed_k8 scv --workloads uniform_L4 \
-  --batches 1 32 128 --reps 2
-  step scv_b256 scv_bench --policies no_spec fixed_k2 scv --workloads uniform_L1.5 \
-  mixed_L1.2_and_full --batches 256 --reps 2; }
-stream2() { step nwor_ngram_k8 nwor_overhead --method ngram --k 8 --L k+1 --batches 1 8 32 \
-  --reps 3 --min-requests 8 --profile-batches 8 32 --profile-L 9; }
-stream3() { step scv_issue2 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --workloads \
-  uniform_L1.5 mixed_L1.2_and_full uniform_L3 --batches 1 32 128 --reps 4; }
+# This plan (one GPU, fourteenth session): NWOR's host time per layer outside CUDA graphs, cut
+# by launching the compiled kernels directly (kernels._common.Launcher) and a leaner staging
+# path. The kernel tests first (the launcher's included); the layer benchmark with the code
+# before the change (.scratch/old, carried) and after, alternating processes; the engine cells
+# where NWOR's Python runs in every layer (ngram k=8 L=9; draft_model k=4 at batch 128, past
+# the largest graph); then every GPU test.
+stream0() {
+  step kernel_tests tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
+  for r in 1 2; do
+    (export NWOR_SRC=.scratch/old; step "layer_host_old$r" nwor_layer_host --label before)
+    step "layer_host_new$r" nwor_layer_host --label after
+  done
+  step nwor_ngram_k8 nwor_overhead --method ngram --k 8 --L k+1 --batches 1 8 32 --reps 3 \
+    --min-requests 8
+  step nwor_dm_k4 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 8 128 --reps 3 \
+    --min-requests 8
+  step gpu_tests tests
+}
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

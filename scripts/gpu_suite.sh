@@ -5,6 +5,8 @@
 #   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
 #   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
+#   scripts/gpu_suite.sh nwor_layer_host ARGS  benchmarks/nwor_layer_host.py (NWOR_SRC=<dir>: the
+#                                              plugin's code from <dir>/src, another version)
 #   scripts/gpu_suite.sh install               the install alone
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
 # (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
@@ -13,6 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+[ -n "${NWOR_SRC:-}" ] && PYTHONPATH="$NWOR_SRC/src:$PYTHONPATH"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 python3 -c "import vllm" 2>/dev/null || {
@@ -34,9 +37,9 @@ case "$what" in
   tests)
     python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
       "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
-  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile)
+  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host)
     python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host [args]" >&2; exit 2 ;;
 esac

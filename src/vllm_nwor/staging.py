@@ -265,7 +265,8 @@ class StagingBuffer:
         self.key = torch.zeros(shape, dtype=dtype, device=device)
         self.value = torch.zeros(shape, dtype=dtype, device=device)
         self.slot_mapping = torch.full((max_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
-        self._staged = np.zeros((num_layers, max_tokens), dtype=bool)
+        self._staged = np.zeros((num_layers, max_tokens), dtype=bool)  # by stage()
+        self._complete = [False] * num_layers  # by mark_staged(): a list, cheap per layer
         self.num_tokens = 0
 
     @property
@@ -283,6 +284,7 @@ class StagingBuffer:
                 f"{num_tokens} draft tokens do not fit a staging buffer of {self.max_tokens}"
             )
         self._staged[:] = False
+        self._complete = [False] * self.num_layers
         self.num_tokens = num_tokens
 
     def set_slots(self, slot_mapping: torch.Tensor) -> None:
@@ -313,19 +315,24 @@ class StagingBuffer:
 
     def mark_staged(self, layer_idx: int) -> None:
         """Records that a fused stage filled every token of ``layer_idx`` (see ``StageFn``)."""
-        self._staged[layer_idx, : self.num_tokens] = True
+        self._complete[layer_idx] = True
 
     def is_staged(self, layer_idx: int) -> bool:
         """Whether every token of the step is staged for ``layer_idx``."""
-        return bool(self._staged[layer_idx, : self.num_tokens].all())
+        return self._complete[layer_idx] or bool(self._staged[layer_idx, : self.num_tokens].all())
 
     def is_complete(self) -> bool:
         """Whether every token of the step is staged for every layer."""
-        return bool(self._staged[:, : self.num_tokens].all())
+        return all(self._complete) or bool(self._filled().all())
 
     def layers_with_data(self) -> list[int]:
         """Layers holding at least one staged token of the step."""
-        return np.flatnonzero(self._staged[:, : self.num_tokens].any(axis=1)).tolist()
+        return np.flatnonzero(self._filled().any(axis=1)).tolist()
+
+    def _filled(self) -> np.ndarray:
+        """``[layers, num_tokens]``: which staged tokens hold data."""
+        complete = np.array(self._complete)[:, None]
+        return self._staged[:, : self.num_tokens] | complete & (self.num_tokens > 0)
 
     def staged_slots(self, layer_idx: int) -> torch.Tensor:
         """The step's slot mapping with the tokens ``layer_idx`` has not staged set to -1."""
@@ -361,6 +368,14 @@ class NworCounters:
             "kv_bytes_not_written": self.kv_bytes_not_written,
             "fallbacks": dict(self.fallbacks),
         }
+
+
+def _real(tensor: torch.Tensor) -> bool:
+    """Not a fake or meta tensor (tracing, compile). A plain ``torch.Tensor`` is checked first:
+    that is every call of a step that runs."""
+    if type(tensor) is torch.Tensor:
+        return not tensor.is_meta
+    return not (is_fake(tensor) or tensor.is_meta)
 
 
 class _Fallback(Exception):
@@ -410,7 +425,7 @@ class NworInterceptor:
         self.capturing = False  # set by the runner while vLLM captures its CUDA graphs
         self.graph_staging = False  # a captured CUDA graph holds the staged path
         self.graph_steps = 0  # staged steps that replayed such a graph
-        # NVTX ranges "nwor.stage" / "nwor.commit" for Nsight Systems; no-ops without a profiler.
+        # An NVTX range "nwor.commit" for Nsight Systems; a no-op without a profiler.
         self._nvtx = buffer.key.device.type == "cuda"
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -447,27 +462,10 @@ class NworInterceptor:
         value: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Takes layer ``layer_idx``'s KV write: draft rows are staged, the rest written."""
-        self._in_range("nwor.stage", self._stage_or_fall_back, layer_idx, key, value,
-                       slot_mapping)
+        """Takes layer ``layer_idx``'s KV write: draft rows are staged, the rest written.
 
-    def _in_range(self, name: str, fn, *args) -> None:
-        """``fn(*args)``, inside an NVTX range named ``name`` on CUDA (for profiles)."""
-        if not self._nvtx:
-            return fn(*args)
-        torch.cuda.nvtx.range_push(name)
-        try:
-            fn(*args)
-        finally:
-            torch.cuda.nvtx.range_pop()
-
-    def _stage_or_fall_back(
-        self,
-        layer_idx: int,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
+        Called in every layer of a verify step that runs outside CUDA graphs, so it does little
+        on the host: no NVTX range (the commit has one) and one frame to the stage."""
         if self._step is None:
             raise RuntimeError("NworInterceptor.stage() called outside a verify step")
         if self._failed:
@@ -484,6 +482,16 @@ class NworInterceptor:
             return
         self._fall_back(reason)
         self.plain_write(layer_idx, key, value, slot_mapping)
+
+    def _in_range(self, name: str, fn, *args) -> None:
+        """``fn(*args)``, inside an NVTX range named ``name`` on CUDA (for profiles)."""
+        if not self._nvtx:
+            return fn(*args)
+        torch.cuda.nvtx.range_push(name)
+        try:
+            fn(*args)
+        finally:
+            torch.cuda.nvtx.range_pop()
 
     def is_staged(self, layer_idx: int) -> bool:
         """Whether layer ``layer_idx``'s drafts are staged, so its attention must not read
@@ -588,7 +596,7 @@ class NworInterceptor:
         slot_mapping: torch.Tensor,
     ) -> None:
         """Stages the layer's draft rows and writes the rest, or raises ``_Fallback``."""
-        if any(is_fake(t) or t.is_meta for t in (key, value, slot_mapping)):
+        if not (_real(key) and _real(value) and _real(slot_mapping)):
             raise _Fallback(FallbackReason.FAKE_TENSOR)
         step = self._step
         assert step is not None

@@ -78,6 +78,59 @@ def test_stage_kv_matches_reference(num_rows, head_size, num_kv_heads, block_siz
     assert bool((staged_k[len(drafts):] == SENTINEL).all())
 
 
+class _CountingJit:
+    """A Triton kernel whose JIT launches are counted (what ``Launcher`` avoids)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the compiled launcher exists on the GPU only")
+def test_launcher_reuses_the_compiled_kernel_and_falls_back_for_unaligned_tensors(monkeypatch):
+    """The first launch of a layout goes through the JIT, later ones through the compiled
+    kernel's launcher with the same result; a tensor off a 16-byte boundary takes the JIT."""
+    from vllm_nwor.kernels import stage_kv as module
+
+    launcher = module._STAGE
+    jit = _CountingJit(launcher.kernel)
+    monkeypatch.setattr(launcher, "kernel", jit)
+    monkeypatch.setattr(launcher, "_compiled", {})
+
+    def run(misaligned=False):
+        key, value = rows(12, 8, 128)
+        if misaligned:  # the same rows, one element (2 bytes) past a 16-byte boundary
+            flat = torch.empty(1 + key.numel(), dtype=DTYPE, device=DEVICE)
+            key = flat[1:].view_as(key).copy_(key)
+            assert key.data_ptr() % 16 != 0
+        slots = torch.randperm(8 * 16, device=DEVICE)[:12]
+        stage_index = torch.tensor([-1, 0, 1, -1, 2, 3, -1, 4, -1, -1, 5, 6], device=DEVICE)
+        results = []
+        for fn in (stage_kv, stage_kv_reference):
+            raw, key_cache, value_cache = paged_cache(8, 16, 8, 128)
+            staged_k = torch.full((16, 8, 128), SENTINEL, dtype=DTYPE, device=DEVICE)
+            staged_v = staged_k.clone()
+            staged_slots = torch.full((16,), -7, dtype=torch.int64, device=DEVICE)
+            fn(key, value, key_cache, value_cache, slots, stage_index, staged_k, staged_v,
+               staged_slots)
+            results.append((raw, staged_k, staged_v, staged_slots))
+        for got, want in zip(results[0], results[1], strict=True):
+            assert torch.equal(got, want)
+
+    run()
+    assert jit.launches == 1 and len(launcher._compiled) == 1
+    for _ in range(3):
+        run()
+    assert jit.launches == 1  # three launches through the compiled kernel's launcher
+    run(misaligned=True)
+    assert jit.launches == 2  # the JIT, which compiles for the unaligned pointer
+    run()
+    assert jit.launches == 2  # and the aligned layout is still launched directly
+
+
 def test_stage_kv_rejects_a_wrong_layout():
     key, value = rows(4, 2, 64)
     _, key_cache, value_cache = paged_cache(4, 16, 2, 128)  # head size 128 != 64

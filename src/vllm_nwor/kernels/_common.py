@@ -9,11 +9,13 @@ import torch
 try:  # Triton is optional: CPU-only installs run the references.
     import triton
     import triton.language as tl
+    from triton import knobs
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
+    knobs = None
     HAS_TRITON = False
 
 
@@ -51,3 +53,52 @@ def check_inner_contiguous(name: str, tensor: torch.Tensor) -> None:
     """The last dim (head_size) must be contiguous; other dims may be strided."""
     check(tensor.stride(-1) == 1, f"{name} must be contiguous in its last dim, strides "
           f"{tuple(tensor.stride())}")
+
+
+class Launcher:
+    """Launches a Triton kernel through its compiled form, without the JIT's work per call.
+
+    ``kernel[grid](*args)`` binds the arguments, derives their specialization (each tensor's
+    dtype and 16-byte alignment; each integer's being 1 or a multiple of 16), looks the
+    compiled kernel up by it and launches: host time that NWOR's kernels paid in every layer of
+    every verify step run outside CUDA graphs. Here the caller passes a ``key`` that decides the
+    specialization apart from the tensors' alignment: the tensors' dtypes and every integer
+    argument not marked ``do_not_specialize`` (the kernel's constexprs follow from them). The
+    first launch of a key goes through the JIT, which compiles if it must and returns the
+    compiled kernel; later launches of that key whose tensors are all 16-byte aligned, as they
+    were for the first, call its launcher directly. Anything else (a tensor not so aligned, a
+    launch hook such as a profiler's) takes the JIT every time.
+
+    ``args`` are all of the kernel's arguments in order, constexprs included; its pointer
+    arguments are tensors, and nothing else is.
+    """
+
+    def __init__(self, kernel, **options) -> None:
+        self.kernel = kernel
+        self.options = options
+        self._compiled: dict = {}
+        self._tensors: tuple[int, ...] = ()  # the positions of the pointer arguments
+
+    def __call__(self, grid: tuple[int, int, int], key: tuple, args: tuple) -> None:
+        device = args[0].device.index
+        compiled = self._compiled.get((device, key))
+        if compiled is not None and self._aligned(args) \
+                and not knobs.runtime.launch_enter_hook.calls:
+            launch, function, metadata = compiled
+            launch(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
+                   function, metadata, None, None, None, *args)
+            return
+        kernel = self.kernel[grid](*args, **self.options)
+        if INTERPRET:
+            return
+        if not self._tensors:
+            self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        if self._aligned(args):
+            self._compiled[device, key] = (kernel.run, kernel.function, kernel.packed_metadata)
+
+    def _aligned(self, args: tuple) -> bool:
+        """Whether every tensor among ``args`` starts on a 16-byte boundary."""
+        bits = 0
+        for i in self._tensors:
+            bits |= args[i].data_ptr()
+        return bits & 15 == 0

@@ -16,6 +16,7 @@ import torch
 from vllm_nwor.attention import attention_with_lse, merge_attn_states
 from vllm_nwor.kernels._common import (
     HAS_TRITON,
+    Launcher,
     check,
     check_dtype,
     check_inner_contiguous,
@@ -55,7 +56,7 @@ def chunk_attention_merge_reference(
 
 if HAS_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["lse_stride_h"])  # the step's padded token count
     def _chunk_attention_merge_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, qsl_ptr, scale,
         q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
@@ -136,6 +137,8 @@ if HAS_TRITON:
         merged = prefix_part + chunk_out * (w_chunk / total)[:, None]
         tl.store(out_ptr + out_offs, merged.to(out_ptr.dtype.element_ty), mask=io_mask)
 
+    _MERGE = Launcher(_chunk_attention_merge_kernel, num_warps=4)
+
 
 def _tile_sizes(group: int, head_size: int) -> tuple[int, int, int]:
     """(BLOCK_M, GROUP_PAD, BLOCK_N): about 64 expanded rows per tile, 32 for head_size 256."""
@@ -178,16 +181,18 @@ def chunk_attention_merge(
     group = num_q_heads // num_kv_heads
     block_m, group_pad, block_n = _tile_sizes(group, head_size)
     grid = (num_reqs, triton.cdiv(max_query_len, block_m), num_kv_heads)
-    _chunk_attention_merge_kernel[grid](
-        query, key, value, out, prefix_lse, query_start_loc, scale,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1), out.stride(0), out.stride(1),
-        prefix_lse.stride(0), prefix_lse.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_SIZE=head_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_size),
-        IEEE=query.dtype == torch.float32,
-        num_warps=4,
-    )
+    strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+               value.stride(0), value.stride(1), out.stride(0), out.stride(1))
+    lse_stride_h, lse_stride_t = prefix_lse.stride()
+    ieee = query.dtype == torch.float32
+    # lse_stride_h is not specialized: only its width is part of the key.
+    spec = (query.dtype, query_start_loc.dtype, type(scale), strides,
+            lse_stride_h > 0x7FFFFFFF, lse_stride_t, group, head_size)
+    _MERGE(grid, spec, (
+        query, key, value, out, prefix_lse, query_start_loc, scale, *strides,
+        lse_stride_h, lse_stride_t, group, group_pad, head_size, block_m, block_n,
+        triton.next_power_of_2(head_size), ieee,
+    ))
 
 
 def _check(query, key, value, query_start_loc, out, prefix_lse) -> None:

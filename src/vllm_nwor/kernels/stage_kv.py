@@ -19,6 +19,7 @@ import torch
 
 from vllm_nwor.kernels._common import (
     HAS_TRITON,
+    Launcher,
     check,
     check_dtype,
     check_inner_contiguous,
@@ -60,7 +61,7 @@ def stage_kv_reference(
 
 if HAS_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_stage_rows"])
     def _stage_kv_kernel(
         key_ptr, value_ptr, key_cache_ptr, value_cache_ptr,
         slot_ptr, stage_index_ptr, staged_key_ptr, staged_value_ptr, staged_slot_ptr,
@@ -93,6 +94,8 @@ if HAS_TRITON:
             v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
             tl.store(key_cache_ptr + k_dst, k, mask=mask)
             tl.store(value_cache_ptr + v_dst, v, mask=mask)
+
+    _STAGE = Launcher(_stage_kv_kernel)
 
 
 def stage_kv(
@@ -127,17 +130,21 @@ def stage_kv(
         stage_kv_reference(key, value, key_cache, value_cache, slot_mapping, row_stage_index,
                            staged_key, staged_value, staged_slots)
         return
-    _stage_kv_kernel[(n,)](
+    num_stage_rows = row_stage_index.shape[0]
+    strides = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+               *key_cache.stride()[:3], *value_cache.stride()[:3],
+               staged_key.stride(0), staged_key.stride(1))
+    block_size = key_cache.shape[1]
+    # num_stage_rows is not specialized: only its width is part of the key.
+    spec = (key.dtype, slot_mapping.dtype, row_stage_index.dtype, block_size, num_heads,
+            head_size, num_stage_rows > 0x7FFFFFFF, strides)
+    _STAGE((n, 1, 1), spec, (
         key, value, key_cache, value_cache,
         slot_mapping, row_stage_index, staged_key, staged_value, staged_slots,
-        row_stage_index.shape[0], key_cache.shape[1],
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        staged_key.stride(0), staged_key.stride(1),
-        NUM_HEADS=num_heads, HEAD_SIZE=head_size,
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_size),
-    )
+        num_stage_rows, block_size, *strides,
+        num_heads, head_size, triton.next_power_of_2(num_heads),
+        triton.next_power_of_2(head_size),
+    ))
 
 
 def _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, staged_key,

@@ -46,6 +46,26 @@ def _split_cache(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return key_cache, value_cache
 
 
+class _CacheViews:
+    """A layer's cache as the staged attention reads it, kept from step to step: the views
+    (split, strides made canonical as vLLM's forward makes them) are taken again only when
+    the layer is called with another cache tensor."""
+
+    __slots__ = ("kv_cache", "views")
+
+    def __init__(self) -> None:
+        self.kv_cache: torch.Tensor | None = None
+        self.views: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
+
+    def of(self, impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if kv_cache is not self.kv_cache:
+            key_cache, value_cache = _split_cache(impl, kv_cache)
+            self.views = (fa.canonicalize_singleton_dim_strides(key_cache),
+                          fa.canonicalize_singleton_dim_strides(value_cache))
+            self.kv_cache = kv_cache
+        return self.views
+
+
 class FlashAttnBackend:
     name = "FLASH_ATTN"
 
@@ -88,8 +108,8 @@ class FlashAttnBackend:
             layer.impl, layer, key, value, layer.kv_cache, slot_mapping
         )
 
-    def layer_state(self, layer) -> None:
-        return None
+    def layer_state(self, layer) -> _CacheViews:
+        return _CacheViews()
 
     def fused_ops(self, layers: list, buffer: StagingBuffer) -> tuple[StageFn, CommitFn]:
         """One Triton launch per layer for staging, one per step for the commit.
@@ -108,13 +128,15 @@ class FlashAttnBackend:
                            torch.zeros((), dtype=torch.int64, device=device))
         commit_kv(buffer.key, buffer.value, buffer.slot_mapping[:1], key_caches, value_caches,
                   offsets, verdict=rejected)
+        staged = [(buffer.key[i], buffer.value[i]) for i in range(len(layers))]
         checked: set[int] = set()
 
         def stage(layer_idx, key, value, slot_mapping, row_stage_index, buf) -> None:
+            views = staged[layer_idx] if buf is buffer else (buf.key[layer_idx],
+                                                             buf.value[layer_idx])
             first_time = layer_idx not in checked
             stage_kv(key, value, key_caches[layer_idx], value_caches[layer_idx], slot_mapping,
-                     row_stage_index, buf.key[layer_idx], buf.value[layer_idx],
-                     buf.slot_mapping, checked=first_time)
+                     row_stage_index, *views, buf.slot_mapping, checked=first_time)
             checked.add(layer_idx)
 
         def commit(buf: StagingBuffer, verdict: Verdict) -> None:
@@ -163,13 +185,12 @@ BACKEND = FlashAttnBackend()
 
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        if staged_binding(layer, attn_metadata) is None:
+        binding = staged_binding(layer, attn_metadata)
+        if binding is None:
             return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                            *args, **kwargs)
         n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = _split_cache(self, kv_cache)
-        key_cache = fa.canonicalize_singleton_dim_strides(key_cache)
-        value_cache = fa.canonicalize_singleton_dim_strides(value_cache)
+        key_cache, value_cache = binding.backend_state.of(self, kv_cache)
         query_start_loc = attn_metadata.query_start_loc
         prefix_lens, scheduler_metadata = BACKEND.prefix(self, attn_metadata, query, key_cache)
         _, prefix_lse = fa.flash_attn_varlen_func(
