@@ -31,7 +31,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # the largest graph); then every GPU test (before the engine cells:
 # the previous session's machine was lost before any of it came back).
 stream0() {
-  step kernel_tests tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
+  step kernel_tests tests tests/gpu/test_kernels.py
   for r in 1 2; do
     (export NWOR_SRC=.scratch/old; step "layer_host_old$r" nwor_layer_host --label before)
     step "layer_host_new$r" nwor_layer_host --label after

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after the devkit install (../shared/devkit/README.md): installs this
 # project next to vLLM in /tmp/site, then
-#   scripts/gpu_suite.sh tests [ARGS]          the GPU tests (tests/gpu), log + junit in $OUT
+#   scripts/gpu_suite.sh tests [PATHS]         the GPU tests (PATHS, or tests/gpu), log + junit in $OUT
 #   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
 #   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
@@ -34,9 +34,11 @@ shift || true
 name="${STEP:-$what}"
 case "$what" in
   install) ;;
-  tests)
-    python3 -m pytest -q tests/gpu -p no:cacheprovider -rs -s --junitxml="$out/gpu-tests.xml" \
-      "$@" 2>&1 | tee "$out/gpu-tests.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
+  tests)  # the paths under tests/ given, or all of tests/gpu; other arguments go to pytest
+    case " $* " in *" tests/"*) ;; *) set -- tests/gpu "$@" ;; esac
+    log="${STEP:-gpu-tests}"
+    python3 -m pytest -q -p no:cacheprovider -rs -s --junitxml="$out/$log.xml" "$@" 2>&1 \
+      | tee "$out/$log.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
   nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host)
     python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
