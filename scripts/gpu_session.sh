@@ -23,23 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fourteenth session): NWOR's host time per layer outside CUDA graphs, cut
-# by launching the compiled kernels directly (kernels._common.Launcher) and a leaner staging
-# path. The kernel tests first (the launcher's included); the layer benchmark with the code
-# before the change (.scratch/old, carried) and after, alternating processes; the engine cells
-# where NWOR's Python runs in every layer (ngram k=8 L=9; draft_model k=4 at batch 128, past
-# the largest graph); then every GPU test (before the engine cells:
-# the previous session's machine was lost before any of it came back).
+# This plan (one GPU, fourteenth session, second machine): ngram at batch 8, where NWOR still
+# lost 13% after the compiled launches (nwor_overhead_launcher_*): k=8, L=9 with six
+# repetitions a side and a profile of each engine; k=4, L=5 at batch 8 and 32 beside it.
 stream0() {
-  step kernel_tests tests tests/gpu/test_kernels.py
-  for r in 1 2; do
-    (export NWOR_SRC=.scratch/old; step "layer_host_old$r" nwor_layer_host --label before)
-    step "layer_host_new$r" nwor_layer_host --label after
-  done
-  step gpu_tests tests
-  step nwor_ngram_k8 nwor_overhead --method ngram --k 8 --L k+1 --batches 1 8 32 --reps 3 \
-    --min-requests 8
-  step nwor_dm_k4 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 8 128 --reps 3 \
+  step ngram_k8_b8 nwor_overhead --method ngram --k 8 --L k+1 --batches 8 --reps 6 \
+    --min-requests 8 --profile-batches 8 --profile-L 9
+  step ngram_k4_b8 nwor_overhead --method ngram --k 4 --L k+1 --batches 8 32 --reps 4 \
     --min-requests 8
 }
 
