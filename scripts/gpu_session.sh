@@ -23,14 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fourteenth session, second machine): ngram at batch 8, where NWOR still
-# lost 13% after the compiled launches (nwor_overhead_launcher_*): k=8, L=9 with six
-# repetitions a side and a profile of each engine; k=4, L=5 at batch 8 and 32 beside it.
+# This plan (one GPU, fourteenth session, third machine): batch 128, where NWOR's verify
+# batches (128 x (k + 1) tokens) pass vLLM's largest FULL graph and run PIECEWISE, so NWOR's
+# host work per layer counts; before the compiled launches the matrix's median there was 0.97.
 stream0() {
-  step ngram_k8_b8 nwor_overhead --method ngram --k 8 --L k+1 --batches 8 --reps 6 \
-    --min-requests 8 --profile-batches 8 --profile-L 9
-  step ngram_k4_b8 nwor_overhead --method ngram --k 4 --L k+1 --batches 8 32 --reps 4 \
-    --min-requests 8
+  step dm_b128 nwor_overhead --method draft_model --k 2 4 8 --L 1.5 3.0 --batches 128 --reps 3
+  step ngram_b128 nwor_overhead --method ngram --k 2 4 8 --L 1.5 --batches 128 --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
