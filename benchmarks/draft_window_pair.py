@@ -42,12 +42,14 @@ def run(target: str, speculative: dict | None, prompts: list[list[int]], new_tok
     """Greedy tokens, per-request steps (position, drafted, accepted) and seconds."""
     from vllm import LLM, SamplingParams
 
+    from vllm_nwor.patches.scheduler import scheduler_of
+
     llm = LLM(model=target, skip_tokenizer_init=True, dtype="float32",
               max_model_len=max(map(len, prompts)) + new_tokens + 16, max_num_seqs=len(prompts),
               enable_prefix_caching=False, enforce_eager=True, gpu_memory_utilization=0.3,
               seed=0, speculative_config=speculative)
     steps: dict[str, list[tuple[int, int, int]]] = collections.defaultdict(list)
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    scheduler = scheduler_of(llm)
     update_from_output = scheduler.update_from_output
 
     def recording(scheduler_output, model_runner_output):

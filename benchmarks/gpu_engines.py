@@ -271,13 +271,22 @@ def use_oracle(llm) -> None:
 
 def scheduler_of(llm):
     """The engine's scheduler, or None where the engine core runs in its own process."""
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
-    return None if core is None else core.scheduler
+    from vllm_nwor.patches.scheduler import scheduler_of as in_process
+
+    try:
+        return in_process(llm)
+    except RuntimeError:
+        return None
 
 
 def scv_policy(llm):
     """The engine's SCV policy, or None (SCV off, or the engine core in its own process)."""
-    return getattr(scheduler_of(llm), "_nwor_scv", None)
+    from vllm_nwor.patches.scheduler import policy_of
+
+    try:
+        return policy_of(llm)
+    except RuntimeError:
+        return None
 
 
 def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[int]:

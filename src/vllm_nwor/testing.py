@@ -182,7 +182,9 @@ class SpecStepRecorder:
     """
 
     def __init__(self, llm) -> None:
-        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        from vllm_nwor.patches.scheduler import scheduler_of
+
+        scheduler = scheduler_of(llm)
         self._steps: dict[str, RequestSteps] = defaultdict(RequestSteps)
         schedule, make_stats = scheduler.schedule, scheduler.make_spec_decoding_stats
 

@@ -13,6 +13,8 @@ import collections
 import pytest
 from engine_utils import engine, generate
 
+from vllm_nwor.patches.scheduler import scheduler_of
+
 PROMPTS = [[(7 * i + 13 * j) % 500 + 2 for j in range(n)] for i, n in enumerate([20, 300])]
 
 
@@ -30,7 +32,7 @@ def run(target: str, speculative: dict | None) -> dict:
         accepted: dict[str, int] = collections.Counter()
         drafted: dict[str, int] = collections.Counter()
         zero_drafts: dict[str, int] = collections.Counter()
-        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        scheduler = scheduler_of(llm)
         update_from_output = scheduler.update_from_output
 
         def recording(scheduler_output, model_runner_output):

@@ -8,11 +8,12 @@ import pytest
 from engine_utils import engine, generate, spec_config, spec_decode_stats
 
 import vllm_nwor
+from vllm_nwor.patches.scheduler import scheduler_of
 
 
 def record_chunks(llm) -> dict[str, list[int]]:
     """Per request (by its index in the batch), the drafts scheduled in each of its steps."""
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    scheduler = scheduler_of(llm)
     chunks: dict[str, list[int]] = collections.defaultdict(list)
     schedule = scheduler.schedule
 

@@ -19,13 +19,14 @@ from engine_utils import PROMPTS, engine, metric_values, spec_config
 from vllm import SamplingParams
 
 import vllm_nwor
+from vllm_nwor.patches.scheduler import scheduler_of
 
 pytestmark = pytest.mark.engine
 
 
 def record_steps(llm) -> dict[str, list[tuple[bool, int, int | None]]]:
     """Per request: (prefill, scheduled drafts, accepted drafts or None) for each of its steps."""
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    scheduler = scheduler_of(llm)
     steps: dict[str, list[tuple[bool, int, int | None]]] = collections.defaultdict(list)
     update_from_output = scheduler.update_from_output
 

@@ -27,7 +27,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 import vllm_nwor  # noqa: E402
 from vllm_nwor.patches import draft_sync  # noqa: E402
 from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
-from vllm_nwor.patches.scheduler import POLICY_ATTR  # noqa: E402
+from vllm_nwor.patches.scheduler import policy_of  # noqa: E402
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
@@ -112,7 +112,7 @@ def main(spec: dict, out_path: str) -> None:
                             ignore_eos=True)
     prompts = spec.get("prompts", PROMPTS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    policy = getattr(llm.llm_engine.engine_core.engine_core.scheduler, POLICY_ATTR, None)
+    policy = policy_of(llm)
     again = None
     if spec.get("idle_then_again"):  # the engine idles, then serves the prompts again
         time.sleep(spec["idle_then_again"])

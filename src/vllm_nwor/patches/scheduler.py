@@ -45,6 +45,22 @@ def _policy(scheduler: Scheduler) -> ChunkPolicy | None:
     return getattr(scheduler, POLICY_ATTR, None)
 
 
+def scheduler_of(llm) -> Scheduler:
+    """The scheduler of a ``vllm.LLM`` whose engine core runs in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): what tests and benchmarks read SCV's policy from and
+    record steps on. Raises RuntimeError where the engine core is in a process of its own."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        raise RuntimeError("the engine's scheduler is in another process: run the engine core "
+                           "in this one (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    return core.scheduler
+
+
+def policy_of(llm) -> ChunkPolicy | None:
+    """SCV's policy in an in-process engine (:func:`scheduler_of`); None when SCV is off."""
+    return _policy(scheduler_of(llm))
+
+
 def _wrap_init(init):
     def wrapper(self, *args, **kwargs):
         init(self, *args, **kwargs)
