@@ -281,12 +281,9 @@ def scheduler_of(llm):
 
 def scv_policy(llm):
     """The engine's SCV policy, or None (SCV off, or the engine core in its own process)."""
-    from vllm_nwor.patches.scheduler import policy_of
+    from vllm_nwor.patches.scheduler import POLICY_ATTR
 
-    try:
-        return policy_of(llm)
-    except RuntimeError:
-        return None
+    return getattr(scheduler_of(llm), POLICY_ATTR, None)
 
 
 def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[int]:
