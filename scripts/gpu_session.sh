@@ -23,12 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fourteenth session, third machine): batch 128, where NWOR's verify
-# batches (128 x (k + 1) tokens) pass vLLM's largest FULL graph and run PIECEWISE, so NWOR's
-# host work per layer counts; before the compiled launches the matrix's median there was 0.97.
+# This plan (one GPU, fifteenth session): ngram k=8, L=1.5 at batch 128, which lost ~6% with
+# NWOR on (27.2 -> 29.5 ms a step, both repetitions agreeing) where draft_model's same shapes
+# did not: profiled on and off (torch profiler tables), with draft_model's cell for contrast.
 stream0() {
-  step dm_b128 nwor_overhead --method draft_model --k 2 4 8 --L 1.5 3.0 --batches 128 --reps 3
-  step ngram_b128 nwor_overhead --method ngram --k 2 4 8 --L 1.5 --batches 128 --reps 2
+  step ngram_b128_prof nwor_overhead --method ngram --k 8 --L 1.5 --batches 128 --reps 3 \
+    --profile-batches 128 --profile-L 1.5
+  step dm_b128_prof nwor_overhead --method draft_model --k 8 --L 1.5 --batches 128 --reps 2 \
+    --profile-batches 128 --profile-L 1.5
 }
 
 gpus=$(nvidia-smi -L | wc -l)
