@@ -14,6 +14,10 @@ over more requests, so that small batches run long enough to time):
   every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``);
 - greedy token agreement between the two engines' outputs.
 
+With ``--aa`` a second plugin-off engine runs beside them, and each cell also reports it over
+the first (``aa_*``): what a ratio between two engines that differ in nothing looks like, the
+resolution of that cell's on/off ratio.
+
 The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``). Acceptance is
 vLLM's synthetic rejection sampling at full acceptance (``synthetic_acceptance_length = k + 1``)
 thinned per request by the benchmark feature ``synthetic_acceptance_per_request`` to the rate
@@ -68,7 +72,8 @@ def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> f
 
 
 def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
-                  max_batch: int, cudagraph_mode: str | None = None) -> dict:
+                  max_batch: int, cudagraph_mode: str | None = None,
+                  memory: float = 0.42) -> dict:
     speculative = {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",
                    "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
@@ -80,7 +85,7 @@ def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
         speculative["nwor"] = True
     kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=PROMPT_LEN + OUTPUT_LEN + 64, max_num_seqs=max_batch,
-                  gpu_memory_utilization=0.42, seed=0, disable_log_stats=False,
+                  gpu_memory_utilization=memory, seed=0, disable_log_stats=False,
                   enable_prefix_caching=False, speculative_config=speculative)
     if cudagraph_mode:
         kwargs["compilation_config"] = {"cudagraph_mode": cudagraph_mode}
@@ -95,11 +100,16 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
 
 def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
              profile_batches=(), profile_length=3.0, min_requests=1,
-             engine_core_process=False) -> dict:
-    engines = start_engines({
-        "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode),
-        "on": engine_kwargs(target, draft, method, k, True, max(batches))},
-        engine_core_process)
+             engine_core_process=False, aa=False) -> dict:
+    memory = 0.3 if aa else 0.42  # three engines share the GPU with --aa
+    configs = {
+        "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode,
+                             memory),
+        "on": engine_kwargs(target, draft, method, k, True, max(batches), memory=memory)}
+    if aa:  # a second plugin-off engine, alike in every way: the A/A spread of a cell
+        configs["off_b"] = engine_kwargs(target, draft, method, k, False, max(batches),
+                                         baseline_mode, memory)
+    engines = start_engines(configs, engine_core_process)
     rows = []
 
     def cell(L: float, batch: int, rep: int) -> dict[str, dict]:
@@ -124,7 +134,7 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
                 cell(L, batch, -1)
         for L in lengths:
             for batch in batches:
-                results = {"off": [], "on": []}
+                results = {name: [] for name in engines}
                 for rep in range(reps):
                     for name, run in cell(L, batch, rep).items():
                         results[name].append(run)
@@ -187,7 +197,28 @@ def summarise(method, k, L, batch, results) -> dict:
         "nwor_fallbacks": on[-1]["fallbacks"],
         "reps": len(on),
         "requests_per_run": len(on[0]["tokens"]),
+        **a_over_a(results),
     }
+
+
+def a_over_a(results) -> dict:
+    """With ``--aa``: the second plugin-off engine over the first, as on/off is reported. Two
+    engines that differ in nothing show how far a cell's ratio moves by chance (which engine
+    instance, which process, which moment), the resolution an on/off ratio has."""
+    if "off_b" not in results:
+        return {}
+    off = [tokens_per_second(r) for r in results["off"]]
+    off_b = [tokens_per_second(r) for r in results["off_b"]]
+    off_itl = statistics.median(r["itl_median"] for r in results["off"])
+    off_b_itl = statistics.median(r["itl_median"] for r in results["off_b"])
+    return {"aa_throughput_ratio": round(statistics.median(off_b) / statistics.median(off), 4),
+            "aa_throughput_ratio_paired": round(statistics.median(
+                b / a for a, b in zip(off, off_b, strict=True)), 4),
+            "aa_itl_ratio": round(off_b_itl / off_itl, 4),
+            "aa_token_agreement": round(statistics.mean(
+                agreement(a["tokens"], b["tokens"])[0]
+                for a, b in zip(results["off"], results["off_b"], strict=True)), 5),
+            "tok_s_reps_off_b": [round(t, 1) for t in off_b]}
 
 
 def merge(jsonl: Path, result: Path) -> None:
@@ -237,6 +268,10 @@ def main() -> None:
     parser.add_argument("--engine-core-process", action="store_true",
                         help="each engine core in its own process, as vLLM's LLM runs by "
                         "default (no profiles then: they need it in-process)")
+    parser.add_argument("--aa", action="store_true",
+                        help="also start a second plugin-off engine and report it over the "
+                        "first (aa_* in each cell): the spread of a ratio between two engines "
+                        "that differ in nothing")
     args = parse_or_merge(parser, merge)
     if args is None:
         return
@@ -249,7 +284,8 @@ def main() -> None:
                                               lengths_for(k, args.L), args.batches, args.reps,
                                               args.baseline_cudagraph_mode,
                                               args.profile_batches, args.profile_L,
-                                              args.min_requests, args.engine_core_process))
+                                              args.min_requests, args.engine_core_process,
+                                              args.aa))
 
 
 if __name__ == "__main__":

@@ -23,14 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fifteenth session): ngram k=8, L=1.5 at batch 128, which lost ~6% with
-# NWOR on (27.2 -> 29.5 ms a step, both repetitions agreeing) where draft_model's same shapes
-# did not: profiled on and off (torch profiler tables), with draft_model's cell for contrast.
+# This plan (one GPU, fifteenth session, second machine): the A/A spread. Each cell also runs a
+# second plugin-off engine (--aa), so every on/off ratio has beside it the ratio of two engines
+# that differ in nothing, at batch 8, 32 and 128 (the 1% target's range).
 stream0() {
-  step ngram_b128_prof nwor_overhead --method ngram --k 8 --L 1.5 --batches 128 --reps 3 \
-    --profile-batches 128 --profile-L 1.5
-  step dm_b128_prof nwor_overhead --method draft_model --k 8 --L 1.5 --batches 128 --reps 2 \
-    --profile-batches 128 --profile-L 1.5
+  step aa_ngram nwor_overhead --method ngram --k 4 8 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
+    --min-requests 32 --aa
+  step aa_dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 128 \
+    --reps 3 --min-requests 32 --aa
+  step aa_dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 --batches 8 32 128 \
+    --reps 3 --min-requests 32 --aa
 }
 
 gpus=$(nvidia-smi -L | wc -l)

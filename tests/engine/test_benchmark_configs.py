@@ -106,6 +106,13 @@ def test_overhead_cell_keeps_every_repetition():
     assert cell["throughput_ratio"] == 0.5  # medians: 4 on over 8 off
     assert cell["throughput_ratio_paired"] == 1.0  # median of 1, 1 and 0.25
     assert cell["token_agreement"] == 1.0 and cell["reps"] == 3
+    assert "aa_throughput_ratio" not in cell  # no second plugin-off engine
+    cell = overhead.summarise("draft_model", 4, 3.0, 2, {
+        "off": [run(1.0), run(2.0)], "on": [run(1.0), run(2.0)],
+        "off_b": [run(2.0), run(2.0)]})
+    assert cell["aa_throughput_ratio"] == 0.6667  # medians: 4 over 6
+    assert cell["aa_throughput_ratio_paired"] == 0.75  # median of 0.5 and 1
+    assert cell["tok_s_reps_off_b"] == [4.0, 4.0] and cell["aa_token_agreement"] == 1.0
 
 
 def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
