@@ -23,16 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fifteenth session, second machine): the A/A spread. Each cell also runs a
-# second plugin-off engine (--aa), so every on/off ratio has beside it the ratio of two engines
-# that differ in nothing, at batch 8, 32 and 128 (the 1% target's range).
+# This plan (one GPU, fifteenth session, third machine): the commit kernel through its compiled
+# form (kernels._common.Launcher) and the step's index arrays on 16-byte boundaries: the kernel
+# tests first, then every GPU test.
 stream0() {
-  step aa_ngram nwor_overhead --method ngram --k 4 8 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
-    --min-requests 32 --aa
-  step aa_dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 128 \
-    --reps 3 --min-requests 32 --aa
-  step aa_dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 --batches 8 32 128 \
-    --reps 3 --min-requests 32 --aa
+  step gpu_kernels tests tests/gpu/test_kernels.py
+  step gpu_tests tests
 }
 
 gpus=$(nvidia-smi -L | wc -l)

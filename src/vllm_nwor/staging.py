@@ -185,14 +185,14 @@ class VerifyStep:
                 f"query_start_loc has {len(qsl)} entries, expected {len(counts) + 1}"
             )
         key = (counts.tobytes(), qsl.tobytes())
-        packed, lengths = _step_indices(*key)
+        packed, spans = _step_indices(*key)
         if packed is None:
             return None
         if uploader is None:
             uploaded = torch.from_numpy(packed.copy()).to(device)
         else:
             uploaded = uploader.upload(packed, key)
-        views = torch.split(uploaded, lengths)
+        views = [uploaded.narrow(0, start, length) for start, length in spans]
         return cls(
             num_draft_tokens=tuple(counts.tolist()),
             draft_rows=views[1],
@@ -213,7 +213,8 @@ class VerifyStep:
 
 
 @functools.lru_cache(maxsize=64)
-def _step_indices(counts_key: bytes, qsl_key: bytes) -> tuple[np.ndarray | None, list[int]]:
+def _step_indices(counts_key: bytes, qsl_key: bytes
+                  ) -> tuple[np.ndarray | None, list[tuple[int, int]]]:
     """A step's index arrays, packed for one upload (see :class:`VerifyStep`), and their
     lengths; ``None`` without drafts. Keyed by the bytes of the draft counts and query start
     locations: decode batches repeat them step after step, and then cost no work here."""
@@ -232,10 +233,18 @@ def _step_indices(counts_key: bytes, qsl_key: bytes) -> tuple[np.ndarray | None,
     row_stage_index[draft_rows] = np.arange(total)
     # row_stage_index first: it then sits at the start of the uploader's device buffer, the
     # address FULL CUDA graphs were captured reading (IndexUploader.rows).
+    # Each part starts on a 16-byte boundary (an even int64 offset), as the compiled form of a
+    # kernel that reads it expects (kernels._common.Launcher); the gaps are zeros.
     parts = (row_stage_index, draft_rows, token_req, token_pos)
-    packed = np.concatenate(parts)
+    spans, start = [], 0
+    for part in parts:
+        spans.append((start, len(part)))
+        start += len(part) + len(part) % 2
+    packed = np.zeros(start, dtype=np.int64)
+    for (first, length), part in zip(spans, parts, strict=True):
+        packed[first:first + length] = part
     packed.flags.writeable = False  # shared by every step with these counts
-    return packed, [len(p) for p in parts]
+    return packed, spans
 
 
 class StagingBuffer:

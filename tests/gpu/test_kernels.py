@@ -223,6 +223,42 @@ def test_commit_kv_reads_the_samplers_verdict_like_the_reference(pattern, head_s
         assert sorted(written) == sorted(kept)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the compiled launcher exists on the GPU only")
+def test_a_steps_commit_launches_the_compiled_kernel(monkeypatch):
+    """The commit as a verify step makes it (its verdict's indices from the step's one upload)
+    goes through the JIT once, then through the compiled kernel, with the reference's bytes."""
+    from vllm_nwor.kernels import commit_kv as module
+    from vllm_nwor.staging import IndexUploader, VerifyStep
+
+    launcher = module._COMMIT
+    jit = _CountingJit(launcher.kernel)
+    monkeypatch.setattr(launcher, "kernel", jit)
+    monkeypatch.setattr(launcher, "_compiled", {})
+    uploader = IndexUploader(64, DEVICE)
+    for accepted in ([1, 0, 2], [2, 0, 0], [0, 0, 3], [2, 0, 3]):
+        # Odd lengths (11 rows, 5 drafts): packed unpadded, the later arrays would start off a
+        # 16-byte boundary and every commit would take the JIT.
+        step = VerifyStep.from_batch([2, 0, 3], [0, 3, 7, 11], DEVICE, uploader)
+        sampled = torch.full((3, 4), -1, dtype=torch.int32, device=DEVICE)
+        for row, count in enumerate(accepted):
+            sampled[row, : count + 1] = 5
+        staged_k = torch.randn(2, 8, 8, 128, device=DEVICE).to(DTYPE)
+        staged_v = torch.randn(2, 8, 8, 128, device=DEVICE).to(DTYPE)
+        slots = torch.randperm(4 * 16, device=DEVICE)[:5].long()
+        results, counted = [], []
+        for fn in (commit_kv, commit_kv_reference):
+            raws, key_caches, value_caches = layer_caches(2, 4, 16, 8, 128)
+            committed = torch.zeros((), dtype=torch.int64, device=DEVICE)
+            fn(staged_k, staged_v, slots, key_caches, value_caches,
+               verdict=step.verdict(sampled, committed))
+            results.append(raws)
+            counted.append(int(committed))
+        for got, want in zip(*results, strict=True):
+            assert torch.equal(got, want)
+        assert counted == [sum(accepted)] * 2
+    assert jit.launches == 1 and len(launcher._compiled) == 1
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a >4 GiB cache on the GPU")
 def test_commit_and_stage_reach_offsets_beyond_32_bits():
     head_size, num_kv_heads, block_size = 128, 8, 16

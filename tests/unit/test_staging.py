@@ -117,6 +117,17 @@ def test_verify_step_places_drafts_at_the_end_of_each_request():
     assert VerifyStep.from_batch([0, 0], [0, 1, 5], "cpu") is None
 
 
+def test_each_index_array_starts_on_a_16_byte_boundary():
+    """The commit kernel's compiled form takes only 16-byte aligned pointers (kernels._common.
+    Launcher); the step's arrays share one upload, so each is placed at an even int64 offset."""
+    uploader = IndexUploader(64, "cpu")
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
+    views = (step.row_stage_index, step.draft_rows, step.token_req, step.token_pos)
+    assert NUM_ROWS % 2 == 1 and len(step.draft_rows) % 2 == 1  # odd lengths: padding needed
+    assert [v.data_ptr() % 16 for v in views] == [0, 0, 0, 0]
+    assert step.row_stage_index.data_ptr() == uploader._device_buffer.data_ptr()  # graphs read it
+
+
 def test_the_verdict_reads_the_sampler_output():
     step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")
     counter = torch.zeros((), dtype=torch.int64)

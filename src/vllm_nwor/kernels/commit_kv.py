@@ -23,6 +23,7 @@ import torch
 
 from vllm_nwor.kernels._common import (
     HAS_TRITON,
+    Launcher,
     check,
     check_dtype,
     check_inner_contiguous,
@@ -121,6 +122,8 @@ if HAS_TRITON:
         tl.store(cache_base_ptr + key_offset + within, k, mask=mask)
         tl.store(cache_base_ptr + value_offset + within, v, mask=mask)
 
+    _COMMIT = Launcher(_commit_kv_kernel)
+
 
 def cache_offsets(
     key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor]
@@ -172,15 +175,17 @@ def commit_kv(
         return
     key_offsets, value_offsets = offsets or cache_offsets(key_caches, value_caches)
     sampled, token_req, token_pos, committed = verdict or (slots, slots, slots, slots)
-    _commit_kv_kernel[(num_tokens, num_layers)](
-        staged_key, staged_value, slots, first, key_offsets, value_offsets, first.shape[1],
-        staged_key.stride(0), staged_key.stride(1), staged_key.stride(2),
-        first.stride(0), first.stride(1), first.stride(2),
-        sampled, sampled.stride(0), token_req, token_pos, committed,
-        NUM_HEADS=num_heads, HEAD_SIZE=head_size,
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_size),
-        VERDICT=verdict is not None,
-    )
+    block_size = first.shape[1]
+    strides = (staged_key.stride(0), staged_key.stride(1), staged_key.stride(2),
+               first.stride(0), first.stride(1), first.stride(2), sampled.stride(0))
+    spec = (staged_key.dtype, first.dtype, slots.dtype, sampled.dtype, token_req.dtype,
+            block_size, strides, num_heads, head_size, verdict is not None)
+    _COMMIT((num_tokens, num_layers, 1), spec, (
+        staged_key, staged_value, slots, first, key_offsets, value_offsets, block_size,
+        *strides[:6], sampled, strides[6], token_req, token_pos, committed,
+        num_heads, head_size, triton.next_power_of_2(num_heads),
+        triton.next_power_of_2(head_size), verdict is not None,
+    ))
 
 
 def _check(staged_key, staged_value, slots, key_caches, value_caches, verdict) -> None:

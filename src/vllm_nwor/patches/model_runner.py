@@ -171,7 +171,9 @@ def bind(runner: GPUModelRunner) -> NworInterceptor | None:
         commit_fn,
         stage_fn,
         kv_bytes_per_token=len(layers) * 2 * num_kv_heads * head_size * kv_dtype.itemsize,
-        uploader=IndexUploader(3 * max_tokens + sched.max_num_batched_tokens, buffer.key.device),
+        # Four index arrays, each padded to an even length (_step_indices).
+        uploader=IndexUploader(3 * max_tokens + sched.max_num_batched_tokens + 4,
+                               buffer.key.device),
     )
     for idx, layer in enumerate(layers):
         setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
