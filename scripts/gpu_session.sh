@@ -23,12 +23,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fifteenth session, third machine): the commit kernel through its compiled
-# form (kernels._common.Launcher) and the step's index arrays on 16-byte boundaries: the kernel
-# tests first, then every GPU test.
+# This plan (one GPU, fifteenth session, fourth machine): the A/A cells the second machine did
+# not reach (draft_model k=8), beside NWOR on/off.
 stream0() {
-  step gpu_kernels tests tests/gpu/test_kernels.py
-  step gpu_tests tests
+  step aa_dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 --batches 8 32 128 \
+    --reps 3 --min-requests 32 --aa
 }
 
 gpus=$(nvidia-smi -L | wc -l)
