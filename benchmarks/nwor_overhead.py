@@ -159,40 +159,51 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
         stop_engines(engines)
 
 
-def summarise(method, k, L, batch, results) -> dict:
-    off, on = results["off"], results["on"]
-    off_reps = [tokens_per_second(r) for r in off]  # one per repetition, in order
-    on_reps = [tokens_per_second(r) for r in on]
-    off_tps, on_tps = statistics.median(off_reps), statistics.median(on_reps)
-    off_itl = statistics.median(r["itl_median"] for r in off)
-    on_itl = statistics.median(r["itl_median"] for r in on)
+def compare(base: list[dict], other: list[dict]) -> dict:
+    """``other``'s runs over ``base``'s, one run of each per repetition: throughput of the
+    medians and the median of each repetition's own ratio (its runs are back to back, so drift
+    over the cell cancels), median ITL, greedy agreement and the divergences."""
+    base_tps = [tokens_per_second(r) for r in base]  # one per repetition, in order
+    other_tps = [tokens_per_second(r) for r in other]
+    base_itl = statistics.median(r["itl_median"] for r in base)
+    other_itl = statistics.median(r["itl_median"] for r in other)
     rates, divergences = [], []
-    for a, b in zip(off, on, strict=True):
+    for a, b in zip(base, other, strict=True):
         rate, diverged = agreement(a["tokens"], b["tokens"])
         rates.append(rate)
         divergences += diverged
+    return {"throughput": statistics.median(other_tps) / statistics.median(base_tps),
+            "paired": statistics.median(b / a for a, b in zip(base_tps, other_tps, strict=True)),
+            "itl": other_itl / base_itl, "agreement": statistics.mean(rates),
+            "divergences": divergences, "base_tps": base_tps, "other_tps": other_tps,
+            "base_itl": base_itl, "other_itl": other_itl}
+
+
+def summarise(method, k, L, batch, results) -> dict:
+    off, on = results["off"], results["on"]
+    ratios = compare(off, on)
+    off_reps, on_reps = ratios["base_tps"], ratios["other_tps"]
     drafted = sum(r["drafted"] for r in on)
     accepted = sum(r["accepted"] for r in on)
     return {
         "method": method, "batch": batch, "k": k, "L": L,
-        "throughput_ratio": round(on_tps / off_tps, 4),
-        # The median of each repetition's own on/off ratio (its two runs are back to back, so
-        # drift over the cell cancels).
-        "throughput_ratio_paired": round(statistics.median(
-            b / a for a, b in zip(off_reps, on_reps, strict=True)), 4),
-        "itl_ratio": round(on_itl / off_itl, 4),
+        "throughput_ratio": round(ratios["throughput"], 4),
+        "throughput_ratio_paired": round(ratios["paired"], 4),
+        "itl_ratio": round(ratios["itl"], 4),
         "kv_bytes_per_token_on": round(statistics.mean(
             kv_bytes_per_generated_token(r, r["prompts"]) for r in on)),
         "kv_bytes_per_token_off": round(statistics.mean(
             kv_bytes_per_generated_token(r, r["prompts"]) for r in off)),
-        "token_agreement": round(statistics.mean(rates), 5),
-        "divergences_first_position": divergences,
-        "tok_s": {"off": round(off_tps, 1), "on": round(on_tps, 1)},
+        "token_agreement": round(ratios["agreement"], 5),
+        "divergences_first_position": ratios["divergences"],
+        "tok_s": {"off": round(statistics.median(off_reps), 1),
+                  "on": round(statistics.median(on_reps), 1)},
         # Each repetition's pair (the two runs of a rep are back to back): the spread is the
         # noise a median ratio carries.
         "tok_s_reps": {"off": [round(t, 1) for t in off_reps],
                        "on": [round(t, 1) for t in on_reps]},
-        "itl_ms": {"off": round(1000 * off_itl, 3), "on": round(1000 * on_itl, 3)},
+        "itl_ms": {"off": round(1000 * ratios["base_itl"], 3),
+                   "on": round(1000 * ratios["other_itl"], 3)},
         "measured_L": round(1 + accepted / max(1, drafted) * k, 3),
         "nwor_fallbacks": on[-1]["fallbacks"],
         "reps": len(on),
@@ -204,21 +215,20 @@ def summarise(method, k, L, batch, results) -> dict:
 def a_over_a(results) -> dict:
     """With ``--aa``: the second plugin-off engine over the first, as on/off is reported. Two
     engines that differ in nothing show how far a cell's ratio moves by chance (which engine
-    instance, which process, which moment), the resolution an on/off ratio has."""
+    instance, which process, which moment), the resolution an on/off ratio has. Also NWOR on
+    over the mean of both plugin-off engines, each repetition's own, then the median."""
     if "off_b" not in results:
         return {}
-    off = [tokens_per_second(r) for r in results["off"]]
-    off_b = [tokens_per_second(r) for r in results["off_b"]]
-    off_itl = statistics.median(r["itl_median"] for r in results["off"])
-    off_b_itl = statistics.median(r["itl_median"] for r in results["off_b"])
-    return {"aa_throughput_ratio": round(statistics.median(off_b) / statistics.median(off), 4),
-            "aa_throughput_ratio_paired": round(statistics.median(
-                b / a for a, b in zip(off, off_b, strict=True)), 4),
-            "aa_itl_ratio": round(off_b_itl / off_itl, 4),
-            "aa_token_agreement": round(statistics.mean(
-                agreement(a["tokens"], b["tokens"])[0]
-                for a, b in zip(results["off"], results["off_b"], strict=True)), 5),
-            "tok_s_reps_off_b": [round(t, 1) for t in off_b]}
+    ratios = compare(results["off"], results["off_b"])
+    off, off_b = ratios["base_tps"], ratios["other_tps"]
+    on = [tokens_per_second(r) for r in results["on"]]
+    return {"aa_throughput_ratio": round(ratios["throughput"], 4),
+            "aa_throughput_ratio_paired": round(ratios["paired"], 4),
+            "aa_itl_ratio": round(ratios["itl"], 4),
+            "aa_token_agreement": round(ratios["agreement"], 5),
+            "tok_s_reps_off_b": [round(t, 1) for t in off_b],
+            "throughput_ratio_over_both_off_paired": round(statistics.median(
+                c / ((a + b) / 2) for a, b, c in zip(off, off_b, on, strict=True)), 4)}
 
 
 def merge(jsonl: Path, result: Path) -> None:

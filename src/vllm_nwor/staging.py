@@ -215,9 +215,10 @@ class VerifyStep:
 @functools.lru_cache(maxsize=64)
 def _step_indices(counts_key: bytes, qsl_key: bytes
                   ) -> tuple[np.ndarray | None, list[tuple[int, int]]]:
-    """A step's index arrays, packed for one upload (see :class:`VerifyStep`), and their
-    lengths; ``None`` without drafts. Keyed by the bytes of the draft counts and query start
-    locations: decode batches repeat them step after step, and then cost no work here."""
+    """A step's index arrays, packed for one upload (see :class:`VerifyStep`), and each one's
+    ``(start, length)`` in it; ``None`` without drafts. Keyed by the bytes of the draft
+    counts and query start locations: decode batches repeat them step after step, and then
+    cost no work here."""
     counts = np.frombuffer(counts_key, dtype=np.int64)
     qsl = np.frombuffer(qsl_key, dtype=np.int64)
     total = int(counts.sum())

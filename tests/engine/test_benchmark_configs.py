@@ -113,6 +113,7 @@ def test_overhead_cell_keeps_every_repetition():
     assert cell["aa_throughput_ratio"] == 0.6667  # medians: 4 over 6
     assert cell["aa_throughput_ratio_paired"] == 0.75  # median of 0.5 and 1
     assert cell["tok_s_reps_off_b"] == [4.0, 4.0] and cell["aa_token_agreement"] == 1.0
+    assert cell["throughput_ratio_over_both_off_paired"] == 1.1667  # median of 8/6 and 4/4
 
 
 def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
