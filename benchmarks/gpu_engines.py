@@ -174,6 +174,7 @@ def engine_main(conn, kwargs: dict) -> None:
         return {"budget_counts": list(policy.budget_counts),
                 "budget_seconds": [list(x) for x in policy.budget_seconds],
                 "uniform_plans": policy.uniform_plans,
+                "probe_excess": list(policy.probe_excess),
                 "coefficients": [float(c) for c in policy.cost.coefficients]}
 
     conn.send("ready")
@@ -227,6 +228,9 @@ def engine_main(conn, kwargs: dict) -> None:
                    "budget_seconds": [[x[0] - y[0], x[1] - y[1]] for x, y in zip(
                        scv_after["budget_seconds"], scv_before["budget_seconds"], strict=True)],
                    "uniform_plans": scv_after["uniform_plans"] - scv_before["uniform_plans"],
+                   "probe_excess": [x - y for x, y in zip(scv_after["probe_excess"],
+                                                          scv_before["probe_excess"],
+                                                          strict=True)],
                    "coefficients": scv_after["coefficients"]}
         itls = []
         for o in outputs:

@@ -30,6 +30,7 @@ import numpy as np
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk, StepCostModel
 
 OUTPUT_LEN = 128
+PROMPT_LEN = 128
 MAX_CHUNK = 8
 MAX_GRAPH_TOKENS = 504
 WORKLOADS = {  # per-draft acceptance rates, drawn per request in turn
@@ -53,6 +54,16 @@ def step_seconds(n: int, tokens: int, budget: int, uniform: bool, rng: np.random
     return ms * 1e-3 * float(rng.lognormal(0.0, noise))
 
 
+def catch_up_seconds(positions: int) -> float:
+    """The lazy draft sync's catch-up before a drafting step (draft_model): a 2-layer draft
+    of the 8B shape over ``positions`` skipped positions, in passes of at most 8,192 tokens
+    (shaped after the H200's probe steps: 23 ms at batch 128 and 140 ms at batch 256 against
+    10 and 16 ms plain, ``scv_token_knots_2026-11-22_h200.json``)."""
+    if not positions:
+        return 0.0
+    return (0.5 * -(-positions // 8192) + 0.002 * positions) * 1e-3
+
+
 def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: int,
              noise: float, warm_batches: list[int]) -> dict:
     rng = np.random.default_rng(seed)
@@ -66,11 +77,11 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         int(policy_name.removeprefix("fixed_k")) if policy_name.startswith("fixed_k") else None)
     total = load * batch
     admitted = 0
-    live: dict[str, list] = {}  # request -> [rate, tokens left]
+    live: dict[str, list] = {}  # request -> [rate, tokens left, draft positions behind]
 
     def admit() -> None:
         nonlocal admitted
-        live[f"r{admitted}"] = [rates[admitted % len(rates)], OUTPUT_LEN]
+        live[f"r{admitted}"] = [rates[admitted % len(rates)], OUTPUT_LEN, PROMPT_LEN]
         admitted += 1
 
     while admitted < min(batch, total):
@@ -78,6 +89,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
     seconds = 0.0
     tokens_out = 0
     steps = 0
+    probe_before = False
     while live:
         req_ids = list(live)
         if policy is None:
@@ -88,9 +100,13 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         tokens, budget = len(req_ids) + int(sizes.sum()), int(sizes.max(initial=0))
         uniform = bool(sizes.min() == budget)
         step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise)
+        if policy is not None:  # SCV's lazy draft sync: catch up what the drafted skipped
+            behind = sum(live[r][2] for r, size in zip(req_ids, sizes, strict=True) if size)
+            step += catch_up_seconds(behind) if budget else 0.0
         chunks = []
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
-            rate, left = live[req_id]
+            rate, left, behind = live[req_id]
+            live[req_id][2] = 0 if size else behind + 1
             accepted = 0
             while accepted < size and rng.random() < rate:
                 accepted += 1
@@ -101,10 +117,12 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             live[req_id][1] = left - made
         if policy is not None:
             policy.observe(chunks)
-            policy.observe_step(len(req_ids), tokens, budget, step, uniform)
+            probing = policy.probe_step or probe_before  # as patches/scheduler.py does
+            probe_before = policy.probe_step
+            policy.observe_step(len(req_ids), tokens, budget, step, uniform, probing=probing)
         seconds += step
         steps += 1
-        for req_id in [r for r, (_, left) in live.items() if left <= 0]:
+        for req_id in [r for r, (_, left, _) in live.items() if left <= 0]:
             del live[req_id]
             if policy is not None:
                 policy.forget(req_id)

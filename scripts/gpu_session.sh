@@ -23,11 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, fifteenth session, fourth machine): the A/A cells the second machine did
-# not reach (draft_model k=8), beside NWOR on/off.
+# This plan (one GPU, sixteenth session): SCV with probe steps paid from their measured time,
+# where plain decoding is best (L=1.5 and the mix at batch 128 and 256) and twice there (two
+# groups of the same engines, one after the other), then batch 1 and 32.
 stream0() {
-  step aa_dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 --batches 8 32 128 \
-    --reps 3 --min-requests 32 --aa
+  step scv_high scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+    --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
+  step scv_low scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 \
+    --workloads uniform_L1.5 uniform_L3 mixed_L1.2_and_full --reps 4
+  step scv_high_b scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+    --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
 }
 
 gpus=$(nvidia-smi -L | wc -l)

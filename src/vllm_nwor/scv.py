@@ -13,8 +13,13 @@ probe
     its acceptance recovers. A due probe goes with the next step that drafts anyway, or else
     waits for the batch's shared probe step: the drafter works for the whole batch whenever one
     request gets a draft, so probes are gathered, not spread. A shared probe step comes
-    ``probe_interval`` steps after the last at the soonest, and only once its extra cost (by the
-    cost model, for the probes due) is at most ``probe_cost`` of the time since.
+    ``probe_interval`` steps after the last at the soonest, and only when the probes owe
+    nothing: a shared probe step and the step that verifies its drafts owe what they measured
+    over the plain step the cost model prices for them, and every step repays ``probe_cost`` of
+    its own measured seconds. So shared probe steps take ``probe_cost`` of the engine's time,
+    give or take the last one, whatever they cost: at high concurrency with draft_model most of
+    it is the catch-up of the positions the draft skipped (lazy draft sync), which the cost
+    model does not price.
 exploration
     Every ``EXPLORE_INTERVAL`` steps, a step that drafts verifies a plan near the chosen one
     (another budget, uniform or not), so that the cost model keeps seeing what other plans
@@ -431,7 +436,7 @@ class ScvSettings:
     """The most tokens a FULL decode graph takes (vLLM's largest capture size); None: no
     FULL decode graphs."""
     probe_cost: float = 0.01
-    """The share of the engine's time that shared probe steps may cost (cost model's measure)."""
+    """The share of the engine's measured time that shared probe steps may cost."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -466,6 +471,11 @@ class ChunkPolicy:
         self.budget_seconds = [[0, 0.0] for _ in range(settings.max_chunk + 1)]
         """Observed steps and their seconds, by draft budget (diagnostics)."""
         self._last_probe_step = 0  # the last shared probe step
+        self._probe_credit = 0.0  # the ledger (observe_step): <= 0, what probes still owe
+        self.probe_step = False
+        """Whether this step's plan drafts only to probe (a shared probe step)."""
+        self.probe_excess = [0, 0.0]
+        """Steps debited to probes and their measured seconds over plain steps (diagnostics)."""
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -491,13 +501,28 @@ class ChunkPolicy:
             columns["awaiting"][rows] = 0
 
     def observe_step(self, requests: int, tokens: int, budget: int, seconds: float,
-                     uniform: bool = True) -> None:
+                     uniform: bool = True, probing: bool = False) -> None:
         """One step's duration: ``requests`` scheduled, ``tokens`` in all, ``budget`` drafts
-        proposed per request after it; ``uniform`` when every request had as many tokens."""
-        on_graph = on_full_graph(uniform, tokens, self.settings.max_graph_tokens)
-        if 0 <= budget < len(self.budget_seconds) and seconds > 0:
+        proposed per request after it; ``uniform`` when every request had as many tokens;
+        ``probing`` for a shared probe step (:attr:`probe_step` when it was planned) and the
+        step that verified its drafts: the probes owe its measured time over the plain step
+        the cost model prices for its requests. Every step repays ``probe_cost`` of its time;
+        nothing is saved beyond that (no burst of probes after a quiet spell)."""
+        graphs = self.settings.max_graph_tokens
+        on_graph = on_full_graph(uniform, tokens, graphs)
+        if seconds <= 0:
+            return
+        if 0 <= budget < len(self.budget_seconds):
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
+        self._probe_credit = min(0.0, self._probe_credit + self.settings.probe_cost * seconds)
+        if probing and self.cost.ready(requests):
+            plain = self.cost.coefficients.seconds(
+                requests, requests, 0, not on_full_graph(True, requests, graphs))
+            excess = max(0.0, seconds - plain)
+            self._probe_credit -= excess
+            self.probe_excess[0] += 1
+            self.probe_excess[1] += excess
         self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
 
     def forget(self, req_id: str) -> None:
@@ -526,6 +551,7 @@ class ChunkPolicy:
     def _choose(self, req_ids: list[str]) -> np.ndarray:
         k = self.settings.max_chunk
         self.probes = frozenset()
+        self.probe_step = False
         self.acceptance.tick()
         if self.settings.mode == "fixed":
             return np.full(len(req_ids), k)
@@ -552,8 +578,9 @@ class ChunkPolicy:
         if drafting or step - self._last_probe_step >= self.settings.probe_interval:
             probe = idle & (step - idle_from + 1 >= columns["probe_wait"][rows])
             if probe.any() and not drafting:  # a step that drafts only to probe, if it pays
-                if self._probe_step_affordable(step, len(req_ids), int(probe.sum())):
+                if self._probe_credit >= 0:  # the ledger owes nothing (observe_step)
                     self._last_probe_step = step
+                    self.probe_step = True
                 else:
                     probe[:] = False
             if probe.any():
@@ -563,19 +590,6 @@ class ChunkPolicy:
                 self.probes = frozenset(req_ids[i] for i in np.flatnonzero(probe))
         columns["idle_from"][rows] = idle_from
         return sizes
-
-    def _probe_step_affordable(self, step: int, n: int, probes: int) -> bool:
-        """Whether a step that would not draft may draft to probe ``probes`` requests: its
-        extra cost (by the cost model: the draft pass, the probes' tokens, leaving the graphs
-        unless every request is probed) is at most ``probe_cost`` of the steps since the
-        last such step. At high concurrency a draft pass costs about a step, so such steps
-        come about every ``1 / probe_cost`` steps; at batch 1 they cost little."""
-        cost, graphs = self.cost.coefficients, self.settings.max_graph_tokens
-        plain = cost.seconds(n, n, 0, not on_full_graph(True, n, graphs))
-        probing = cost.seconds(n, n + probes, 1,
-                               not on_full_graph(probes == n, n + probes, graphs))
-        since = step - self._last_probe_step
-        return since * self.settings.probe_cost * plain >= probing - plain
 
     def _explore_near(self, sizes: np.ndarray) -> np.ndarray:
         """A plan near the chosen one: the drafting requests' chunks set to a budget up to two

@@ -80,8 +80,9 @@ def _wrap_init(init):
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
-        self._nwor_scheduled_at = {}
+        self._nwor_scheduled_at = {}  # id(scheduler_output): (time scheduled, probing)
         self._nwor_last_output_at = 0.0
+        self._nwor_probe_step_before = False
 
     return wrapper
 
@@ -113,7 +114,10 @@ def _wrap_update_after_schedule(update_after_schedule):
             # The lazy draft sync catches up only these; the rest stay behind.
             setattr(scheduler_output, DRAFTED_ATTR,
                     frozenset(r for r, size in plan.items() if size))
-        self._nwor_scheduled_at[id(scheduler_output)] = time.perf_counter()
+        # A shared probe step and the next, which verifies its drafts, are what probes cost.
+        probing = policy.probe_step or self._nwor_probe_step_before
+        self._nwor_probe_step_before = policy.probe_step
+        self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), probing)
 
     return wrapper
 
@@ -197,14 +201,15 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     # in the batch queue until the engine steps again, the next run seconds later (the GPU
     # showed such "steps" of 0.2-18 s in the cost model's window).
     now = time.perf_counter()
-    scheduled = scheduler._nwor_scheduled_at.pop(id(scheduler_output), None)
+    scheduled, probing = scheduler._nwor_scheduled_at.pop(id(scheduler_output), (None, False))
     previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
     live = any(r in scheduler.requests for r in scheduler_output.num_scheduled_tokens)
     if scheduled is not None and sampled and live:
         tokens = scheduler_output.num_scheduled_tokens.values()
         policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
                             scheduler_output.num_spec_tokens_to_schedule,
-                            now - max(scheduled, previous), uniform=min(tokens) == max(tokens))
+                            now - max(scheduled, previous), uniform=min(tokens) == max(tokens),
+                            probing=probing)
 
 
 PATCHES = [
