@@ -174,7 +174,8 @@ def engine_main(conn, kwargs: dict) -> None:
         return {"budget_counts": list(policy.budget_counts),
                 "budget_seconds": [list(x) for x in policy.budget_seconds],
                 "uniform_plans": policy.uniform_plans,
-                "probe_excess": list(policy.probe_excess),
+                "learning_excess": list(policy.learning_excess),
+                "unpriced_plans": policy.unpriced_plans,
                 "coefficients": [float(c) for c in policy.cost.coefficients]}
 
     conn.send("ready")
@@ -228,8 +229,9 @@ def engine_main(conn, kwargs: dict) -> None:
                    "budget_seconds": [[x[0] - y[0], x[1] - y[1]] for x, y in zip(
                        scv_after["budget_seconds"], scv_before["budget_seconds"], strict=True)],
                    "uniform_plans": scv_after["uniform_plans"] - scv_before["uniform_plans"],
-                   "probe_excess": [x - y for x, y in zip(scv_after["probe_excess"],
-                                                          scv_before["probe_excess"],
+                   "unpriced_plans": scv_after["unpriced_plans"] - scv_before["unpriced_plans"],
+                   "learning_excess": [x - y for x, y in zip(scv_after["learning_excess"],
+                                                          scv_before["learning_excess"],
                                                           strict=True)],
                    "coefficients": scv_after["coefficients"]}
         itls = []

@@ -148,10 +148,11 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                         row["scv_budget_counts"] = [sum(c) for c in zip(
                             *(x["budget_counts"] for x in scv), strict=True)]
                         row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
-                        # steps debited to shared probes, their measured ms over plain steps
-                        row["scv_probe_excess"] = [
-                            sum(x["probe_excess"][0] for x in scv),
-                            round(1e3 * sum(x["probe_excess"][1] for x in scv), 2)]
+                        row["scv_unpriced_plans"] = sum(x["unpriced_plans"] for x in scv)
+                        # steps debited to the learning ledger, their measured ms over plain
+                        row["scv_learning_excess"] = [
+                            sum(x["learning_excess"][0] for x in scv),
+                            round(1e3 * sum(x["learning_excess"][1] for x in scv), 2)]
                         row["scv_cost_coefficients"] = scv[-1]["coefficients"]
                         steps = [[sum(c) for c in zip(*by_budget, strict=True)] for by_budget
                                  in zip(*(x["budget_seconds"] for x in scv), strict=True)]

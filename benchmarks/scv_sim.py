@@ -89,7 +89,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
     seconds = 0.0
     tokens_out = 0
     steps = 0
-    probe_before = False
+    learning_before = False
     while live:
         req_ids = list(live)
         if policy is None:
@@ -117,9 +117,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             live[req_id][1] = left - made
         if policy is not None:
             policy.observe(chunks)
-            probing = policy.probe_step or probe_before  # as patches/scheduler.py does
-            probe_before = policy.probe_step
-            policy.observe_step(len(req_ids), tokens, budget, step, uniform, probing=probing)
+            learning = policy.learning_step or learning_before  # as patches/scheduler.py does
+            learning_before = policy.learning_step
+            policy.observe_step(len(req_ids), tokens, budget, step, uniform, learning=learning)
         seconds += step
         steps += 1
         for req_id in [r for r, (_, left, _) in live.items() if left <= 0]:

@@ -23,15 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, sixteenth session): SCV with probe steps paid from their measured time,
-# where plain decoding is best (L=1.5 and the mix at batch 128 and 256) and twice there (two
-# groups of the same engines, one after the other), then batch 1 and 32.
+# This plan (one GPU, sixteenth session, second machine): SCV where plain decoding is best
+# (L=1.5 and the mix at batch 128 and 256) with learning steps paid from the ledger, twice
+# then SCV's GPU tests, then the same engines again (a second group).
 stream0() {
-  step scv_high scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step scv_high_c scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
-  step scv_low scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 \
-    --workloads uniform_L1.5 uniform_L3 mixed_L1.2_and_full --reps 4
-  step scv_high_b scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step gpu_tests_scv tests tests/gpu/test_engine_gpu.py -k "scv or sync or chunk"
+  step scv_high_d scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
 }
 

@@ -13,16 +13,22 @@ probe
     its acceptance recovers. A due probe goes with the next step that drafts anyway, or else
     waits for the batch's shared probe step: the drafter works for the whole batch whenever one
     request gets a draft, so probes are gathered, not spread. A shared probe step comes
-    ``probe_interval`` steps after the last at the soonest, and only when the probes owe
-    nothing: a shared probe step and the step that verifies its drafts owe what they measured
-    over the plain step the cost model prices for them, and every step repays ``probe_cost`` of
-    its own measured seconds. So shared probe steps take ``probe_cost`` of the engine's time,
-    give or take the last one, whatever they cost: at high concurrency with draft_model most of
-    it is the catch-up of the positions the draft skipped (lazy draft sync), which the cost
-    model does not price.
+    ``probe_interval`` steps after the last at the soonest, and only when the ledger owes
+    nothing: a step planned to learn (a shared probe step, or a random plan at a concurrency
+    the cost model does not price yet, see exploration) and the step that verifies its drafts
+    owe what they measured over the plain step the cost model prices for them, and every step
+    repays ``probe_cost`` of its own measured seconds. So such steps take ``probe_cost`` of the
+    engine's time, give or take the last one, whatever they cost: at high concurrency with
+    draft_model most of it is the catch-up of the positions the draft skipped (lazy draft
+    sync), which the cost model does not price.
 exploration
-    Every ``EXPLORE_INTERVAL`` steps, a step that drafts verifies a plan near the chosen one
-    (another budget, uniform or not), so that the cost model keeps seeing what other plans
+    Where the cost model does not price a concurrency yet (:meth:`StepCostModel.ready`), random
+    plans (budgets and chunks, uniform or not); once it prices some concurrency, these are paid
+    from the probes' ledger, and while the ledger owes the fit is used as it extrapolates (at
+    the end of a run at batch 256 the batch drained through concurrencies never priced, and
+    random plans there caught the draft up over hundreds of skipped positions per request).
+    And every ``EXPLORE_INTERVAL`` steps, a step that drafts verifies a plan near the chosen
+    one (another budget, uniform or not), so that the cost model keeps seeing what other plans
     cost.
 
 The policy maximises the batch's expected output rate. A request's drafts are accepted in
@@ -342,6 +348,11 @@ class StepCostModel:
         seen = [b for b, count in self._counts.items() if count >= self.min_steps]
         return band in seen or (any(b < band for b in seen) and any(b > band for b in seen))
 
+    def priced(self) -> bool:
+        """Whether the steps seen price any concurrency (:meth:`ready` somewhere)."""
+        return self._fixed is not None or any(
+            count >= self.min_steps for count in self._counts.values())
+
     @property
     def coefficients(self) -> StepCost:
         """The current fit (every term at least zero)."""
@@ -471,11 +482,15 @@ class ChunkPolicy:
         self.budget_seconds = [[0, 0.0] for _ in range(settings.max_chunk + 1)]
         """Observed steps and their seconds, by draft budget (diagnostics)."""
         self._last_probe_step = 0  # the last shared probe step
-        self._probe_credit = 0.0  # the ledger (observe_step): <= 0, what probes still owe
-        self.probe_step = False
-        """Whether this step's plan drafts only to probe (a shared probe step)."""
-        self.probe_excess = [0, 0.0]
-        """Steps debited to probes and their measured seconds over plain steps (diagnostics)."""
+        self._owed = 0.0  # the ledger (observe_step): <= 0, what learning steps still owe
+        self.learning_step = False
+        """Whether this step's plan is one taken to learn: a shared probe step, or a random plan
+        where the cost model does not price the concurrency yet (paid from the ledger)."""
+        self.learning_excess = [0, 0.0]
+        """Steps debited to the ledger and their measured seconds over plain steps
+        (diagnostics)."""
+        self.unpriced_plans = 0
+        """Random plans at a concurrency the cost model did not price (diagnostics)."""
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -501,13 +516,14 @@ class ChunkPolicy:
             columns["awaiting"][rows] = 0
 
     def observe_step(self, requests: int, tokens: int, budget: int, seconds: float,
-                     uniform: bool = True, probing: bool = False) -> None:
+                     uniform: bool = True, learning: bool = False) -> None:
         """One step's duration: ``requests`` scheduled, ``tokens`` in all, ``budget`` drafts
         proposed per request after it; ``uniform`` when every request had as many tokens;
-        ``probing`` for a shared probe step (:attr:`probe_step` when it was planned) and the
-        step that verified its drafts: the probes owe its measured time over the plain step
-        the cost model prices for its requests. Every step repays ``probe_cost`` of its time;
-        nothing is saved beyond that (no burst of probes after a quiet spell)."""
+        ``learning`` for a step planned to learn (:attr:`learning_step` when it was planned)
+        and the step after it, which verified its drafts: the ledger owes their measured time
+        over the plain step the cost model prices for their requests. Every step repays
+        ``probe_cost`` of its time; nothing is saved beyond that (no burst of learning steps
+        after a quiet spell)."""
         graphs = self.settings.max_graph_tokens
         on_graph = on_full_graph(uniform, tokens, graphs)
         if seconds <= 0:
@@ -515,14 +531,14 @@ class ChunkPolicy:
         if 0 <= budget < len(self.budget_seconds):
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
-        self._probe_credit = min(0.0, self._probe_credit + self.settings.probe_cost * seconds)
-        if probing and self.cost.ready(requests):
+        self._owed = min(0.0, self._owed + self.settings.probe_cost * seconds)
+        if learning and self.cost.priced():
             plain = self.cost.coefficients.seconds(
                 requests, requests, 0, not on_full_graph(True, requests, graphs))
             excess = max(0.0, seconds - plain)
-            self._probe_credit -= excess
-            self.probe_excess[0] += 1
-            self.probe_excess[1] += excess
+            self._owed -= excess
+            self.learning_excess[0] += 1
+            self.learning_excess[1] += excess
         self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
 
     def forget(self, req_id: str) -> None:
@@ -551,13 +567,17 @@ class ChunkPolicy:
     def _choose(self, req_ids: list[str]) -> np.ndarray:
         k = self.settings.max_chunk
         self.probes = frozenset()
-        self.probe_step = False
+        self.learning_step = False
         self.acceptance.tick()
         if self.settings.mode == "fixed":
             return np.full(len(req_ids), k)
-        if not self.cost.ready(len(req_ids)):
+        if not self.cost.ready(len(req_ids)) and (not self.cost.priced() or self._owed >= 0):
             # Warm-up at this concurrency: vary the budget and the chunks (mixed or uniform) so
-            # the cost model can separate the costs.
+            # the cost model can separate the costs. Once it prices some concurrency, such a
+            # plan is paid from the ledger, like a shared probe step; while the ledger owes,
+            # the fit is used where it extrapolates.
+            self.learning_step = self.cost.priced()
+            self.unpriced_plans += 1
             budget = int(self._rng.integers(0, k + 1))
             if self._rng.random() < 0.5:
                 return np.full(len(req_ids), budget)
@@ -578,9 +598,9 @@ class ChunkPolicy:
         if drafting or step - self._last_probe_step >= self.settings.probe_interval:
             probe = idle & (step - idle_from + 1 >= columns["probe_wait"][rows])
             if probe.any() and not drafting:  # a step that drafts only to probe, if it pays
-                if self._probe_credit >= 0:  # the ledger owes nothing (observe_step)
+                if self._owed >= 0:  # the ledger owes nothing (observe_step)
                     self._last_probe_step = step
-                    self.probe_step = True
+                    self.learning_step = True
                 else:
                     probe[:] = False
             if probe.any():

@@ -410,17 +410,18 @@ def test_probes_are_gathered_on_shared_steps():
 
 class TimedSteps:
     """Plans a policy's steps and observes each as taking what the policy's cost model says,
-    plus ``probe_surcharge`` seconds on a shared probe step (a cost the model does not price,
-    as a draft catch-up is not), with the scheduler's bookkeeping (``patches/scheduler.py``):
-    a shared probe step and the next are observed as probing. ``extra`` sums the seconds the
-    steps took over plain steps, ``plain`` the plain steps' seconds, ``largest_probe`` is the
-    most one shared probe step and the next took over plain steps."""
+    plus ``probe_surcharge`` seconds on a step planned to learn (a shared probe step; a random
+    plan where the model prices nothing yet): a cost the model does not price, as a draft
+    catch-up is not. With the scheduler's bookkeeping (``patches/scheduler.py``), such a step
+    and the next are observed as learning. ``extra`` sums the seconds the steps took over
+    plain steps, ``plain`` the plain steps' seconds, ``largest_probe`` is the most one
+    learning step and the next took over plain steps."""
 
     def __init__(self, policy, probe_surcharge=0.0):
         self.policy, self.surcharge = policy, probe_surcharge
         self.cost = policy.cost.coefficients
         self.extra = self.plain = 0.0
-        self.probe_steps = 0
+        self.learning_steps = 0
         self.largest_probe = self._this_probe = 0.0
         self._before = False
 
@@ -432,19 +433,19 @@ class TimedSteps:
         uniform = len(set(plan.values())) == 1
         plain = self.cost.seconds(n, n, 0, False)
         seconds = self.cost.seconds(n, tokens, budget, not uniform)
-        if policy.probe_step:
+        if policy.learning_step:
             seconds += self.surcharge
-            self.probe_steps += 1
+            self.learning_steps += 1
         self.plain += plain
         self.extra += seconds - plain
-        if policy.probe_step:
+        if policy.learning_step:
             self._this_probe = seconds - plain
         elif self._before:
             self._this_probe += seconds - plain
             self.largest_probe = max(self.largest_probe, self._this_probe)
         policy.observe_step(n, tokens, budget, seconds, uniform,
-                            probing=policy.probe_step or self._before)
-        self._before = policy.probe_step
+                            learning=policy.learning_step or self._before)
+        self._before = policy.learning_step
         return plan
 
 
@@ -466,7 +467,7 @@ def test_shared_probe_steps_cost_at_most_their_share(batch):
     share = 0.01
     policy = compute_bound_policy(probe_interval=4, probe_cost=share)
     run = run_never_accepting(policy, batch, 2000)
-    assert run.probe_steps >= 2
+    assert run.learning_steps >= 2
     assert 0 < run.extra <= share * (run.plain + run.extra) + run.largest_probe
 
 
@@ -480,10 +481,28 @@ def test_probe_steps_pay_what_they_measured_not_what_the_model_says():
     policy = compute_bound_policy(probe_interval=4, probe_cost=share)
     surcharge = 5 * policy.cost.coefficients.seconds(batch, batch, 0, False)
     run = run_never_accepting(policy, batch, 3000, surcharge)
-    assert run.probe_steps >= 2
+    assert run.learning_steps >= 2
     assert run.largest_probe > surcharge
     assert run.extra <= share * (run.plain + run.extra) + run.largest_probe, (
         run.extra / (run.plain + run.extra))
+
+
+def test_random_plans_where_nothing_is_priced_are_paid_from_the_ledger():
+    """The cost model prices batches of 128-255 requests only, and the batch drains to 40
+    (the end of a run at batch 256 on the GPU). Random plans there are learning steps: the
+    first one puts the ledger in debt (it costs five plain steps more than the model says, as
+    a catch-up over skipped positions did), and until the 40-request batch's own steps price
+    it the policy plans from the fit. Without the ledger every one of those steps was random."""
+    cost = StepCostModel(window=1000, min_steps=32)
+    for step in random_steps(StepCost(0.002, 1e-3, 0, 1e-5, 0), 64, requests=(128, 256)):
+        cost.observe(*step)
+    policy = ChunkPolicy(ScvSettings("adaptive", K, 4, 16, probe_cost=0.01), cost)
+    assert policy.cost.priced() and not policy.cost.ready(40)
+    surcharge = 5 * policy.cost.coefficients.seconds(40, 40, 0, False)
+    run = run_never_accepting(policy, 40, 200, surcharge)
+    assert policy.cost.ready(40)
+    assert 1 <= policy.unpriced_plans <= 3, policy.unpriced_plans
+    assert run.extra <= 0.01 * (run.plain + run.extra) + run.largest_probe
 
 
 def test_fixed_mode_verifies_full_chunks():

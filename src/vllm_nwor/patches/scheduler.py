@@ -80,9 +80,9 @@ def _wrap_init(init):
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
-        self._nwor_scheduled_at = {}  # id(scheduler_output): (time scheduled, probing)
+        self._nwor_scheduled_at = {}  # id(scheduler_output): (time scheduled, learning)
         self._nwor_last_output_at = 0.0
-        self._nwor_probe_step_before = False
+        self._nwor_learning_before = False
 
     return wrapper
 
@@ -115,9 +115,9 @@ def _wrap_update_after_schedule(update_after_schedule):
             setattr(scheduler_output, DRAFTED_ATTR,
                     frozenset(r for r, size in plan.items() if size))
         # A shared probe step and the next, which verifies its drafts, are what probes cost.
-        probing = policy.probe_step or self._nwor_probe_step_before
-        self._nwor_probe_step_before = policy.probe_step
-        self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), probing)
+        learning = policy.learning_step or self._nwor_learning_before
+        self._nwor_learning_before = policy.learning_step
+        self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning)
 
     return wrapper
 
@@ -201,7 +201,7 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     # in the batch queue until the engine steps again, the next run seconds later (the GPU
     # showed such "steps" of 0.2-18 s in the cost model's window).
     now = time.perf_counter()
-    scheduled, probing = scheduler._nwor_scheduled_at.pop(id(scheduler_output), (None, False))
+    scheduled, learning = scheduler._nwor_scheduled_at.pop(id(scheduler_output), (None, False))
     previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
     live = any(r in scheduler.requests for r in scheduler_output.num_scheduled_tokens)
     if scheduled is not None and sampled and live:
@@ -209,7 +209,7 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
         policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
                             scheduler_output.num_spec_tokens_to_schedule,
                             now - max(scheduled, previous), uniform=min(tokens) == max(tokens),
-                            probing=probing)
+                            learning=learning)
 
 
 PATCHES = [
