@@ -23,7 +23,8 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, sixteenth session, second machine): SCV where plain decoding is best
+# This plan (one GPU; the sixteenth session's second machine was lost after three cells, so
+# it is the next session's): SCV where plain decoding is best
 # (L=1.5 and the mix at batch 128 and 256) with learning steps paid from the ledger, twice
 # then SCV's GPU tests, then the same engines again (a second group).
 stream0() {
