@@ -25,7 +25,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 
 # This plan (one GPU; the sixteenth session's second machine was lost after three cells, so
 # it is the next session's): SCV where plain decoding is best
-# (L=1.5 and the mix at batch 128 and 256) with learning steps paid from the ledger, twice
+# (L=1.5 and the mix at batch 128 and 256) with learning steps paid from the ledger, first once,
 # then SCV's GPU tests, then the same engines again (a second group).
 stream0() {
   step scv_high_c scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \

@@ -447,7 +447,8 @@ class ScvSettings:
     """The most tokens a FULL decode graph takes (vLLM's largest capture size); None: no
     FULL decode graphs."""
     probe_cost: float = 0.01
-    """The share of the engine's measured time that shared probe steps may cost."""
+    """The share of the engine's measured time that learning steps may cost: shared probe
+    steps, and random plans at a concurrency the cost model does not price yet."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -482,7 +483,7 @@ class ChunkPolicy:
         self.budget_seconds = [[0, 0.0] for _ in range(settings.max_chunk + 1)]
         """Observed steps and their seconds, by draft budget (diagnostics)."""
         self._last_probe_step = 0  # the last shared probe step
-        self._owed = 0.0  # the ledger (observe_step): <= 0, what learning steps still owe
+        self._balance = 0.0  # the ledger (observe_step): at most 0; below, what is owed
         self.learning_step = False
         """Whether this step's plan is one taken to learn: a shared probe step, or a random plan
         where the cost model does not price the concurrency yet (paid from the ledger)."""
@@ -531,12 +532,12 @@ class ChunkPolicy:
         if 0 <= budget < len(self.budget_seconds):
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
-        self._owed = min(0.0, self._owed + self.settings.probe_cost * seconds)
+        self._balance = min(0.0, self._balance + self.settings.probe_cost * seconds)
         if learning and self.cost.priced():
             plain = self.cost.coefficients.seconds(
                 requests, requests, 0, not on_full_graph(True, requests, graphs))
             excess = max(0.0, seconds - plain)
-            self._owed -= excess
+            self._balance -= excess
             self.learning_excess[0] += 1
             self.learning_excess[1] += excess
         self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
@@ -571,7 +572,7 @@ class ChunkPolicy:
         self.acceptance.tick()
         if self.settings.mode == "fixed":
             return np.full(len(req_ids), k)
-        if not self.cost.ready(len(req_ids)) and (not self.cost.priced() or self._owed >= 0):
+        if not self.cost.ready(len(req_ids)) and (not self.cost.priced() or self._balance >= 0):
             # Warm-up at this concurrency: vary the budget and the chunks (mixed or uniform) so
             # the cost model can separate the costs. Once it prices some concurrency, such a
             # plan is paid from the ledger, like a shared probe step; while the ledger owes,
@@ -597,8 +598,8 @@ class ChunkPolicy:
         drafting = bool(sizes.any())
         if drafting or step - self._last_probe_step >= self.settings.probe_interval:
             probe = idle & (step - idle_from + 1 >= columns["probe_wait"][rows])
-            if probe.any() and not drafting:  # a step that drafts only to probe, if it pays
-                if self._owed >= 0:  # the ledger owes nothing (observe_step)
+            if probe.any() and not drafting:  # a step drafting only to probe: paid for?
+                if self._balance >= 0:  # nothing owed (observe_step)
                     self._last_probe_step = step
                     self.learning_step = True
                 else:

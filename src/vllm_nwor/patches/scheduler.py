@@ -114,7 +114,8 @@ def _wrap_update_after_schedule(update_after_schedule):
             # The lazy draft sync catches up only these; the rest stay behind.
             setattr(scheduler_output, DRAFTED_ATTR,
                     frozenset(r for r, size in plan.items() if size))
-        # A shared probe step and the next, which verifies its drafts, are what probes cost.
+        # A step planned to learn (ChunkPolicy.learning_step) and the next, which verifies its
+        # drafts, owe the policy's ledger what they take over a plain step.
         learning = policy.learning_step or self._nwor_learning_before
         self._nwor_learning_before = policy.learning_step
         self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning)
