@@ -101,8 +101,8 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         uniform = bool(sizes.min() == budget)
         step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise)
         if policy is not None:  # SCV's lazy draft sync: catch up what the drafted skipped
-            behind = sum(live[r][2] for r, size in zip(req_ids, sizes, strict=True) if size)
-            step += catch_up_seconds(behind) if budget else 0.0
+            step += catch_up_seconds(
+                sum(live[r][2] for r, size in zip(req_ids, sizes, strict=True) if size))
         chunks = []
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
             rate, left, behind = live[req_id]

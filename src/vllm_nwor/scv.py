@@ -525,10 +525,10 @@ class ChunkPolicy:
         over the plain step the cost model prices for their requests. Every step repays
         ``probe_cost`` of its time; nothing is saved beyond that (no burst of learning steps
         after a quiet spell)."""
-        graphs = self.settings.max_graph_tokens
-        on_graph = on_full_graph(uniform, tokens, graphs)
         if seconds <= 0:
             return
+        graphs = self.settings.max_graph_tokens
+        on_graph = on_full_graph(uniform, tokens, graphs)
         if 0 <= budget < len(self.budget_seconds):
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
