@@ -152,6 +152,7 @@ def engine_main(conn, kwargs: dict) -> None:
     oracle = ORACLE in ablations
     if oracle:
         use_oracle(llm)
+    budget_changes = trace_budget_changes(llm)
 
     def snapshot() -> dict:
         if not spec:
@@ -176,6 +177,7 @@ def engine_main(conn, kwargs: dict) -> None:
                 "uniform_plans": policy.uniform_plans,
                 "learning_excess": list(policy.learning_excess),
                 "unpriced_plans": policy.unpriced_plans,
+                "budget_changes": len(budget_changes),
                 "coefficients": [float(c) for c in policy.cost.coefficients]}
 
     conn.send("ready")
@@ -233,6 +235,8 @@ def engine_main(conn, kwargs: dict) -> None:
                    "learning_excess": [x - y for x, y in zip(scv_after["learning_excess"],
                                                           scv_before["learning_excess"],
                                                           strict=True)],
+                   "budget_changes": budget_changes[scv_before["budget_changes"]:
+                                                    scv_after["budget_changes"]],
                    "coefficients": scv_after["coefficients"]}
         itls = []
         for o in outputs:
@@ -273,6 +277,31 @@ def use_oracle(llm) -> None:
                 EXTRA_ARGS_KEY), requests[r].num_output_tokens) for r in req_ids])
 
     policy.acceptance = OracleAcceptance(policy.settings.acceptance_window)
+
+
+def trace_budget_changes(llm, limit: int = 2000) -> list:
+    """Records, each time SCV's planned draft budget changes (benchmark diagnostics), ``[step,
+    budget, requests, mean acceptance estimate, the cost model's coefficients]``: what a choice
+    of budget came from. Returns the list it appends to (at most ``limit`` entries); empty
+    where no SCV policy is in reach."""
+    policy, changes = scv_policy(llm), []
+    if policy is None:
+        return changes
+    plan, last = policy.plan, [0]
+
+    def traced(req_ids):
+        result = plan(req_ids)
+        budget = policy.draft_budget()
+        if budget != last[0] and len(changes) < limit:
+            rates = policy.acceptance.rates(list(req_ids)) if len(req_ids) else [0.0]
+            changes.append([policy.acceptance.steps, budget, len(req_ids),
+                            round(float(sum(rates) / len(rates)), 4),
+                            [float(f"{c:.4g}") for c in policy.cost.coefficients]])
+        last[0] = budget
+        return result
+
+    policy.plan = traced
+    return changes
 
 
 def scheduler_of(llm):

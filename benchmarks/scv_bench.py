@@ -13,6 +13,10 @@ Policies, each its own engine process:
 - ``scv_fixed2``: a diagnostic too: SCV's machinery held at chunk 2 (``scv: fixed``) in an
   engine built for 8 drafts, as ``scv`` is. Against ``fixed_k2`` it shows what a step costs
   SCV over vLLM's own k=2 at the same budget, apart from any choice.
+- ``no_spec_aa``: a control, not a policy: a second engine without speculation, built as
+  ``no_spec`` is. Its ratio over the best other (``no_spec_aa_over_best_other``; ``no_spec``
+  where plain decoding is best) is the run's A/A spread: how far two identical engines side
+  by side differ, the noise any of SCV's ratios carries.
 
 One run takes a *group* of policies (``--policies``): their engines live side by side on one GPU
 and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A). A GPU
@@ -70,11 +74,14 @@ from gpu_engines import (  # noqa: E402
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
-            "scv_oracle", "scv_fixed2")
+            "scv_oracle", "scv_fixed2", "no_spec_aa")
 SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2")
-"""SCV's rows: ``scv`` and two diagnostics, compared like SCV, never one of the others:
-``scv_oracle`` (SCV planning with the workload's true acceptance rates, which a real engine
-cannot know) and ``scv_fixed2`` (SCV's machinery held at chunk 2)."""
+"""SCV's rows: ``scv`` and two diagnostics: ``scv_oracle`` (SCV planning with the workload's
+true acceptance rates, which a real engine cannot know) and ``scv_fixed2`` (SCV's machinery
+held at chunk 2)."""
+COMPARED_ROWS = (*SCV_ROWS, "no_spec_aa")
+"""The rows compared with the best of the others and never one of them: SCV's, and the A/A
+control ``no_spec_aa``."""
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
 
 
@@ -91,7 +98,7 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
                   max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=memory_share,
                   seed=0, disable_log_stats=False, enable_prefix_caching=False,
                   async_scheduling=True)
-    if policy == "no_spec":
+    if policy in ("no_spec", "no_spec_aa"):
         return kwargs
     k = {"fixed_k2": 2, "fixed_k4": 4}.get(policy, 8)
     speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
@@ -159,6 +166,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                         row["scv_step_ms_by_budget"] = [  # observed, per step
                             round(1e3 * seconds / count, 2) if count else None
                             for count, seconds in steps]
+                        row["scv_budget_changes_by_rep"] = [x["budget_changes"] for x in scv]
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:
@@ -195,19 +203,22 @@ def merge(jsonl: Path, result: Path) -> None:
     cells = []
     for (batch, workload), group_tables in sorted(groups.items()):
         tok_s: dict[str, float] = {}
-        ratios: dict[str, list[float]] = {name: [] for name in SCV_ROWS}
+        ratios: dict[str, list[float]] = {name: [] for name in COMPARED_ROWS}
         for table in group_tables:
-            tok_s.update({p: v for p, v in table.items() if p not in SCV_ROWS})
-            others = [v for p, v in table.items() if p not in SCV_ROWS]
-            for name in SCV_ROWS:
+            tok_s.update({p: v for p, v in table.items() if p not in COMPARED_ROWS})
+            others = [v for p, v in table.items() if p not in COMPARED_ROWS]
+            for name in COMPARED_ROWS:
                 if name in table and others:
                     ratios[name].append(round(table[name] / max(others), 4))
-        for name in SCV_ROWS:
+        for name in COMPARED_ROWS:
             values = [t[name] for t in group_tables if name in t]
             if values:
                 tok_s[name] = round(statistics.mean(values), 1)
-        diagnostics = {f"{name}_over_best_other": min(ratios[name]) for name in SCV_ROWS[1:]
-                       if ratios[name]}
+        diagnostics = {}
+        for name in COMPARED_ROWS[1:]:
+            if ratios[name]:
+                diagnostics[f"{name}_over_best_other"] = min(ratios[name])
+                diagnostics[f"{name}_over_best_other_by_group"] = ratios[name]
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
                       "scv_over_best_other": min(ratios["scv"]) if ratios["scv"] else None,
                       **diagnostics, "scv_over_best_other_by_group": ratios["scv"],

@@ -23,15 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU; the sixteenth session's second machine was lost after three cells, so
-# it is the next session's): SCV where plain decoding is best
-# (L=1.5 and the mix at batch 128 and 256) with learning steps paid from the ledger, first once,
-# then SCV's GPU tests, then the same engines again (a second group).
+# This plan (one GPU, the seventeenth session): SCV where plain decoding is best (L=1.5 and
+# the mix at batch 128 and 256) next to two plain engines, so that the run's A/A spread is
+# measured beside SCV's ratio (fixed k=2 left out: 0.57-0.77 of plain decoding in these cells
+# in every earlier run, and a fourth engine leaves too little KV cache at batch 256); then SCV's
+# GPU tests on the ledger's commits; then a second group.
 stream0() {
-  step scv_high_c scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step scv_aa_c scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
   step gpu_tests_scv tests tests/gpu/test_engine_gpu.py -k "scv or sync or chunk"
-  step scv_high_d scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step scv_aa_d scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
 }
 

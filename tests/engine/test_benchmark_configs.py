@@ -82,6 +82,24 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
     assert json.loads((tmp_path / "scv.json").read_text())["device"] == "NVIDIA H200"
 
 
+def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
+    """``no_spec_aa`` (a second plain engine) is compared with the best other, never one."""
+    scv = importlib.import_module("scv_bench")
+    assert scv.engine_kwargs("no_spec_aa", "t", "d", 8, 0.3) == scv.engine_kwargs(
+        "no_spec", "t", "d", 8, 0.3)
+    record = {"policies": ["no_spec", "no_spec_aa", "scv"], "gpu_memory_share": 0.3, "reps": 2,
+              "prompt_len": 128, "startup_seconds": {}, "rows": [
+                  {"policy": p, "batch": 128, "workload": "w", "tok_s": v} for p, v in
+                  {"no_spec": 100.0, "no_spec_aa": 104.0, "scv": 98.0}.items()]}
+    jsonl = tmp_path / "scv.jsonl"
+    jsonl.write_text(json.dumps(record) + "\n")
+    (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H200"}))
+    scv.merge(jsonl, tmp_path / "scv.json")
+    (cell,) = json.loads((tmp_path / "scv.json").read_text())["cells"]
+    assert cell["scv_over_best_other"] == 0.98  # over no_spec, not over the control
+    assert cell["no_spec_aa_over_best_other_by_group"] == [1.04]
+
+
 def test_overhead_lengths_per_k():
     overhead = importlib.import_module("nwor_overhead")
     assert overhead.lengths_for(2, ["1.5", "3.0", "k+1"]) == [1.5, 3.0]
