@@ -152,7 +152,7 @@ def engine_main(conn, kwargs: dict) -> None:
     oracle = ORACLE in ablations
     if oracle:
         use_oracle(llm)
-    budget_changes = trace_budget_changes(llm)
+    budget_changes, steps = trace_scv(llm)
 
     def snapshot() -> dict:
         if not spec:
@@ -178,6 +178,7 @@ def engine_main(conn, kwargs: dict) -> None:
                 "learning_excess": list(policy.learning_excess),
                 "unpriced_plans": policy.unpriced_plans,
                 "budget_changes": len(budget_changes),
+                "steps": len(steps),
                 "coefficients": [float(c) for c in policy.cost.coefficients]}
 
     conn.send("ready")
@@ -237,6 +238,7 @@ def engine_main(conn, kwargs: dict) -> None:
                                                           strict=True)],
                    "budget_changes": budget_changes[scv_before["budget_changes"]:
                                                     scv_after["budget_changes"]],
+                   "steps": steps[scv_before["steps"]:scv_after["steps"]],
                    "coefficients": scv_after["coefficients"]}
         itls = []
         for o in outputs:
@@ -279,17 +281,21 @@ def use_oracle(llm) -> None:
     policy.acceptance = OracleAcceptance(policy.settings.acceptance_window)
 
 
-def trace_budget_changes(llm, limit: int = 2000) -> list:
-    """Records, each time SCV's planned draft budget changes (benchmark diagnostics), ``[step,
-    budget, requests, mean acceptance estimate, the cost model's coefficients]``: what a choice
-    of budget came from. Returns the list it appends to (at most ``limit`` entries); empty
-    where no SCV policy is in reach."""
-    policy, changes = scv_policy(llm), []
-    if policy is None:
-        return changes
-    plan, last = policy.plan, [0]
+def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
+    """SCV's choices and what they came from (benchmark diagnostics), as two lists it appends
+    to (at most ``limit`` entries each; empty where no SCV policy is in reach):
 
-    def traced(req_ids):
+    - each time the planned draft budget changes, ``[step, budget, requests, mean acceptance
+      estimate, the cost model's coefficients]``;
+    - each step the policy observes, ``[requests, tokens, budget, ms, uniform, learning]``:
+      what the cost model is fitted to, so that other cost models can be fitted to it offline.
+    """
+    policy, changes, steps = scv_policy(llm), [], []
+    if policy is None:
+        return changes, steps
+    plan, observe_step, last = policy.plan, policy.observe_step, [0]
+
+    def traced_plan(req_ids):
         result = plan(req_ids)
         budget = policy.draft_budget()
         if budget != last[0] and len(changes) < limit:
@@ -300,8 +306,14 @@ def trace_budget_changes(llm, limit: int = 2000) -> list:
         last[0] = budget
         return result
 
-    policy.plan = traced
-    return changes
+    def traced_observe_step(requests, tokens, budget, seconds, uniform=True, learning=False):
+        if len(steps) < limit:
+            steps.append([requests, tokens, budget, round(1e3 * seconds, 3), int(uniform),
+                          int(learning)])
+        observe_step(requests, tokens, budget, seconds, uniform, learning)
+
+    policy.plan, policy.observe_step = traced_plan, traced_observe_step
+    return changes, steps
 
 
 def scheduler_of(llm):
@@ -322,12 +334,17 @@ def scv_policy(llm):
 
 
 def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[int]:
-    """A warm-up run of ``batch_prompts``, first with SCV fixed at every chunk size in turn.
+    """A warm-up run of ``batch_prompts``, first with SCV fixed at every chunk size in turn,
+    0 included.
 
     vLLM's speculative step compiles Triton kernels the first time it meets a draft budget
     (and a batch size) it has not seen, seconds each. A fixed-k engine meets its only budget in
     its first steps; SCV drafts rarely where speculation does not pay, so without this it met
-    new budgets inside measured runs (the logs' "JIT compilation during inference"). The
+    new budgets inside measured runs (the logs' "JIT compilation during inference"). Chunk 0
+    gives SCV's cost model plain steps: without them every warm-up step drafted, a drafting
+    step's own cost could not be told from the fixed cost (both were columns of ones), and the
+    fit SCV started from priced drafting at nothing (on 2026-11-23 it then planned budget 1 at
+    batch 128, L=1.5, where a plain step was 1.8x cheaper). The
     warm-up's verdicts are not the workload's (its drafts are all accepted): SCV's acceptance
     estimates start afresh after it, or the first measured steps drafted the whole budget.
     Returns the chunk sizes warmed: none where no SCV policy is in reach."""
@@ -339,7 +356,7 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     policy, chunks = scv_policy(llm), []
     if policy is not None:
         settings = policy.settings
-        chunks = list(range(1, settings.max_chunk + 1))
+        chunks = list(range(settings.max_chunk + 1))
         try:
             for chunk in chunks:
                 policy.settings = replace(settings, mode="fixed", max_chunk=chunk)

@@ -188,9 +188,10 @@ def test_engine_core_in_its_own_process_keeps_each_engines_environment():
 
 
 def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models):
-    """The GPU benchmarks' warm-up, on the real CPU engine: SCV verifies every chunk size
-    (so vLLM's speculative kernels meet every draft budget before a measured run), then runs
-    adaptive again; an engine without SCV just runs."""
+    """The GPU benchmarks' warm-up, on the real CPU engine: SCV verifies every chunk size, 0
+    included (so vLLM's speculative kernels meet every draft budget before a measured run, and
+    the cost model sees plain steps), then runs adaptive again; an engine without SCV just
+    runs. The benchmark's trace records the budget changes and every step observed."""
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
@@ -201,9 +202,12 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
     with engine(target, spec_config("draft_model", draft, **held)) as llm:  # would never draft
         policy = gpu_engines.scv_policy(llm)
         settings, before = policy.settings, list(policy.budget_counts)
+        changes, steps = gpu_engines.trace_scv(llm)
         chunks = gpu_engines.warm_every_chunk(llm, PROMPTS[:2], params)
         planned = [after - was for after, was in zip(policy.budget_counts, before, strict=True)]
-        assert chunks == [1, 2, 3] and all(planned[chunk] > 0 for chunk in chunks), planned
+        assert chunks == [0, 1, 2, 3] and all(planned[chunk] > 0 for chunk in chunks), planned
+        assert {change[1] for change in changes} >= {1, 2, 3}  # the budgets it moved to
+        assert {len(step) for step in steps} == {6} and {s[2] for s in steps} >= {0, 1, 2, 3}
         assert policy.settings is settings and settings.mode == "adaptive"
     with engine(target, spec_config("ngram")) as llm:
         assert gpu_engines.warm_every_chunk(llm, PROMPTS[:2], params) == []
