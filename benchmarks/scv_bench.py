@@ -167,9 +167,9 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                             round(1e3 * seconds / count, 2) if count else None
                             for count, seconds in steps]
                         row["scv_budget_changes_by_rep"] = [x["budget_changes"] for x in scv]
-                        # every step the cost model saw in the last repetition, for offline
-                        # fits: [requests, tokens, budget, ms, uniform, learning]
-                        row["scv_steps_last_rep"] = scv[-1]["steps"]
+                        # every step the cost model saw, for offline fits of other models:
+                        # [requests, tokens, budget, ms, uniform, learning]
+                        row["scv_steps_by_rep"] = [x["steps"] for x in scv]
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:

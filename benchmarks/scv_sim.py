@@ -5,8 +5,10 @@ The real :class:`vllm_nwor.scv.ChunkPolicy` plans every step of a simulated stea
 admitted as one finishes). Each draft is accepted with the request's own rate, in sequence, as
 vLLM's synthetic rejection sampling with the per-request rate does. A step takes the seconds of
 a cost function shaped after the H200 runs (``benchmarks/results/scv_*_h200.json``: a plain step
-about 5 ms at batch 1 and 10 ms at batch 128; a drafting step's own cost, a cost per draft pass
-and per drafted token; leaving the FULL graphs), with multiplicative noise. The policy sees only
+about 5 / 6 / 10 / 17 ms at batch 1 / 32 / 128 / 256, each request costing its own beyond its
+tokens; a drafting step's own cost, a cost per draft pass and per drafted token; leaving the
+FULL graphs; the prompts of the requests admitted after a step, prefilled in the next), with
+multiplicative noise. The policy sees only
 its own observations (its cost model is fitted online, as in the engine), after a warm-up that,
 as ``gpu_engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
 and then starts from fresh acceptance estimates.
@@ -90,6 +92,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
 
     while admitted < min(batch, total):
         admit()
+    prefill = 0  # prompt tokens of the requests admitted since the last step, scheduled next
     seconds = 0.0
     tokens_out = 0
     steps = 0
@@ -101,8 +104,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         else:
             plan = policy.plan(req_ids)
             sizes = np.array([plan[r] for r in req_ids])
-        tokens, budget = len(req_ids) + int(sizes.sum()), int(sizes.max(initial=0))
-        uniform = bool(sizes.min() == budget)
+        tokens, budget = len(req_ids) + int(sizes.sum()) + prefill, int(sizes.max(initial=0))
+        uniform = bool(sizes.min() == budget) and not prefill
+        prefill = 0
         step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise)
         if policy is not None:  # SCV's lazy draft sync: catch up what the drafted skipped
             step += catch_up_seconds(
@@ -132,6 +136,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
                 policy.forget(req_id)
             if admitted < total:
                 admit()
+                prefill += PROMPT_LEN
     row = {"tok_s": tokens_out / seconds, "steps": steps}
     if policy is not None:
         row["budget_counts"] = policy.budget_counts

@@ -23,17 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU, the seventeenth session): SCV where plain decoding is best (L=1.5 and
-# the mix at batch 128 and 256) next to two plain engines, so that the run's A/A spread is
-# measured beside SCV's ratio (fixed k=2 left out: 0.57-0.77 of plain decoding in these cells
-# in every earlier run, and a fourth engine leaves too little KV cache at batch 256); then SCV's
-# GPU tests on the ledger's commits; then a second group.
-# (The first machine was lost after three cells of the first group: the tests go first.)
+# This plan (one GPU; the eighteenth session's): SCV where plain decoding is best (L=1.5 and
+# the mix at batch 128 and 256) next to two plain engines (the A/A control), with the warm-up
+# now at chunk 0 too and every step the cost model saw recorded; then where the SCV engine's
+# plain steps lose time at batch 256 (0.956-0.998 of plain decoding in the seventeenth
+# session's groups with only plain steps planned): SCV held at chunk 0, with and without the
+# plugin's host work, against no speculation, profiled; then a second group.
 stream0() {
-  step gpu_tests_scv tests tests/gpu/test_engine_gpu.py -k "scv or sync or chunk"
-  step scv_aa_d scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
+  step scv_aa_f scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
-  step scv_aa_e scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
+  step chunk0_b256 scv_step_profile --engines no_spec scv_chunk0 scv_chunk0_bare \
+    --batches 256 --profile-batches 256
+  step scv_aa_g scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
 }
 
