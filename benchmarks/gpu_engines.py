@@ -167,18 +167,19 @@ def engine_main(conn, kwargs: dict) -> None:
         }
 
     def scv_state() -> dict | None:
-        """SCV's choices so far (benchmark diagnostics): steps by draft budget, uniform plans,
+        """SCV's choices so far (benchmark diagnostics): its counters (steps and seconds by
+        draft budget, uniform plans, learning steps, unpriced plans), how long its traces are,
         and the cost model's current coefficients."""
         policy = scv_policy(llm)
         if policy is None:
             return None
-        return {"budget_counts": list(policy.budget_counts),
-                "budget_seconds": [list(x) for x in policy.budget_seconds],
-                "uniform_plans": policy.uniform_plans,
-                "learning_excess": list(policy.learning_excess),
-                "unpriced_plans": policy.unpriced_plans,
-                "budget_changes": len(budget_changes),
-                "steps": len(steps),
+        return {"counters": {
+                    "budget_counts": list(policy.budget_counts),
+                    "budget_seconds": [list(x) for x in policy.budget_seconds],
+                    "uniform_plans": policy.uniform_plans,
+                    "learning_excess": list(policy.learning_excess),
+                    "unpriced_plans": policy.unpriced_plans},
+                "traced": (len(budget_changes), len(steps)),
                 "coefficients": [float(c) for c in policy.cost.coefficients]}
 
     conn.send("ready")
@@ -225,20 +226,12 @@ def engine_main(conn, kwargs: dict) -> None:
             busy = gpu_busy(profiler.events())
         after, scv_after = snapshot(), scv_state()
         scv = None
-        if scv_after is not None:
-            scv = {"budget_counts": [x - y for x, y in zip(scv_after["budget_counts"],
-                                                            scv_before["budget_counts"],
-                                                            strict=True)],
-                   "budget_seconds": [[x[0] - y[0], x[1] - y[1]] for x, y in zip(
-                       scv_after["budget_seconds"], scv_before["budget_seconds"], strict=True)],
-                   "uniform_plans": scv_after["uniform_plans"] - scv_before["uniform_plans"],
-                   "unpriced_plans": scv_after["unpriced_plans"] - scv_before["unpriced_plans"],
-                   "learning_excess": [x - y for x, y in zip(scv_after["learning_excess"],
-                                                          scv_before["learning_excess"],
-                                                          strict=True)],
-                   "budget_changes": budget_changes[scv_before["budget_changes"]:
-                                                    scv_after["budget_changes"]],
-                   "steps": steps[scv_before["steps"]:scv_after["steps"]],
+        if scv_after is not None:  # what this run added
+            (changes_from, steps_from), (changes_to, steps_to) = (scv_before["traced"],
+                                                                  scv_after["traced"])
+            scv = {**difference(scv_after["counters"], scv_before["counters"]),
+                   "budget_changes": budget_changes[changes_from:changes_to],
+                   "steps": steps[steps_from:steps_to],
                    "coefficients": scv_after["coefficients"]}
         itls = []
         for o in outputs:
@@ -257,6 +250,16 @@ def engine_main(conn, kwargs: dict) -> None:
             "gpu_busy": busy,
             "scv": scv,
         })
+
+
+def difference(after, before):
+    """``after - before`` for numbers, and key by key or element by element for dicts and lists
+    of them (counters read before and after a run)."""
+    if isinstance(after, dict):
+        return {key: difference(value, before[key]) for key, value in after.items()}
+    if isinstance(after, list):
+        return [difference(a, b) for a, b in zip(after, before, strict=True)]
+    return after - before
 
 
 def use_oracle(llm) -> None:

@@ -172,6 +172,14 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
     assert gpu_engines.gpu_busy([event(0, 5, DeviceType.CPU)]) is None
 
 
+def test_counters_are_differenced_key_by_key_and_element_by_element():
+    gpu_engines = importlib.import_module("gpu_engines")
+    before = {"counts": [1, 2], "seconds": [[1, 0.5], [0, 0.0]], "plans": 3}
+    after = {"counts": [4, 2], "seconds": [[2, 1.5], [1, 0.25]], "plans": 5}
+    assert gpu_engines.difference(after, before) == {
+        "counts": [3, 0], "seconds": [[1, 1.0], [1, 0.25]], "plans": 2}
+
+
 def test_engine_core_in_its_own_process_keeps_each_engines_environment():
     gpu_engines = importlib.import_module("gpu_engines")
     env, ablate = gpu_engines.ENV_KEY, gpu_engines.ABLATE_KEY
@@ -211,3 +219,33 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
         assert policy.settings is settings and settings.mode == "adaptive"
     with engine(target, spec_config("ngram")) as llm:
         assert gpu_engines.warm_every_chunk(llm, PROMPTS[:2], params) == []
+
+
+def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
+    """The GPU benchmarks' engine process (``gpu_engines.Engine``), on the real CPU engine:
+    the warm-up covers every chunk size, and a run comes back with SCV's counters for that run
+    alone, its budget changes and every step its cost model observed."""
+    from engine_utils import PROMPTS, spec_config
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, draft = tiny_models
+    kwargs = dict(model=target, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
+                  block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                  enable_prefix_caching=False, enforce_eager=True, gpu_memory_utilization=0.3,
+                  seed=0, disable_log_stats=False,
+                  speculative_config=spec_config("draft_model", draft, scv="adaptive"))
+    engines = gpu_engines.start_engines({"scv": kwargs})
+    try:
+        assert engines["scv"].warm(PROMPTS[:2]) == [0, 1, 2, 3]
+        runs = [engines["scv"].run(PROMPTS[:2]) for _ in range(2)]
+    finally:
+        gpu_engines.stop_engines(engines)
+    for run in runs:
+        scv = run["scv"]
+        assert set(scv) == {"budget_counts", "budget_seconds", "uniform_plans", "learning_excess",
+                            "unpriced_plans", "budget_changes", "steps", "coefficients"}
+        planned, observed = sum(scv["budget_counts"]), sum(c for c, _ in scv["budget_seconds"])
+        # this run's steps only: 2 requests of OUTPUT_LEN tokens take at most that many steps
+        assert 0 < observed <= len(scv["steps"]) <= planned <= gpu_engines.OUTPUT_LEN + 2
+        assert all(len(step) == 6 for step in scv["steps"])
+        assert len(run["tokens"]) == 2
