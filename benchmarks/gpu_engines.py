@@ -344,10 +344,10 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     (and a batch size) it has not seen, seconds each. A fixed-k engine meets its only budget in
     its first steps; SCV drafts rarely where speculation does not pay, so without this it met
     new budgets inside measured runs (the logs' "JIT compilation during inference"). Chunk 0
-    gives SCV's cost model plain steps: without them every warm-up step drafted, a drafting
-    step's own cost could not be told from the fixed cost (both were columns of ones), and the
-    fit SCV started from priced drafting at nothing (on 2026-11-23 it then planned budget 1 at
-    batch 128, L=1.5, where a plain step was 1.8x cheaper). The
+    gives SCV's cost model plain steps: without them nearly every warm-up step drafted, a
+    drafting step's own cost could not be told from the fixed cost, and the fit SCV started
+    from priced drafting at nothing (on 2026-11-23 it then planned budget 1 at batch 128,
+    L=1.5, where a budget-1 step took 1.8x a plain one for 1.34x its tokens). The
     warm-up's verdicts are not the workload's (its drafts are all accepted): SCV's acceptance
     estimates start afresh after it, or the first measured steps drafted the whole budget.
     Returns the chunk sizes warmed: none where no SCV policy is in reach."""
