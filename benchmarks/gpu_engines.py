@@ -229,7 +229,7 @@ def engine_main(conn, kwargs: dict) -> None:
         if scv_after is not None:  # what this run added
             (changes_from, steps_from), (changes_to, steps_to) = (scv_before["traced"],
                                                                   scv_after["traced"])
-            scv = {**difference(scv_after["counters"], scv_before["counters"]),
+            scv = {"counters": difference(scv_after["counters"], scv_before["counters"]),
                    "budget_changes": budget_changes[changes_from:changes_to],
                    "steps": steps[steps_from:steps_to],
                    "coefficients": scv_after["coefficients"]}
@@ -260,6 +260,17 @@ def difference(after, before):
     if isinstance(after, list):
         return [difference(a, b) for a, b in zip(after, before, strict=True)]
     return after - before
+
+
+def total(values: list):
+    """The sum of several runs' counters (each as :func:`difference` gives it): key by key or
+    element by element for dicts and lists of numbers."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {key: total([value[key] for value in values]) for key in first}
+    if isinstance(first, list):
+        return [total(list(column)) for column in zip(*values, strict=True)]
+    return sum(values)
 
 
 def use_oracle(llm) -> None:

@@ -69,6 +69,7 @@ from gpu_engines import (  # noqa: E402
     start_engines,
     stop_engines,
     tokens_per_second,
+    total,
     write_models,
 )
 
@@ -152,20 +153,17 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                            "acceptance": round(accepted / drafted, 4) if drafted else None}
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
                     if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
-                        row["scv_budget_counts"] = [sum(c) for c in zip(
-                            *(x["budget_counts"] for x in scv), strict=True)]
-                        row["scv_uniform_plans"] = sum(x["uniform_plans"] for x in scv)
-                        row["scv_unpriced_plans"] = sum(x["unpriced_plans"] for x in scv)
+                        counters = total([x["counters"] for x in scv])
+                        row["scv_budget_counts"] = counters["budget_counts"]
+                        row["scv_uniform_plans"] = counters["uniform_plans"]
+                        row["scv_unpriced_plans"] = counters["unpriced_plans"]
                         # steps debited to the learning ledger, their measured ms over plain
-                        row["scv_learning_excess"] = [
-                            sum(x["learning_excess"][0] for x in scv),
-                            round(1e3 * sum(x["learning_excess"][1] for x in scv), 2)]
+                        debited, excess = counters["learning_excess"]
+                        row["scv_learning_excess"] = [debited, round(1e3 * excess, 2)]
                         row["scv_cost_coefficients"] = scv[-1]["coefficients"]
-                        steps = [[sum(c) for c in zip(*by_budget, strict=True)] for by_budget
-                                 in zip(*(x["budget_seconds"] for x in scv), strict=True)]
                         row["scv_step_ms_by_budget"] = [  # observed, per step
                             round(1e3 * seconds / count, 2) if count else None
-                            for count, seconds in steps]
+                            for count, seconds in counters["budget_seconds"]]
                         row["scv_budget_changes_by_rep"] = [x["budget_changes"] for x in scv]
                         # every step the cost model saw, for offline fits of other models:
                         # [requests, tokens, budget, ms, uniform, learning]

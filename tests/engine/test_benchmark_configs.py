@@ -172,12 +172,14 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
     assert gpu_engines.gpu_busy([event(0, 5, DeviceType.CPU)]) is None
 
 
-def test_counters_are_differenced_key_by_key_and_element_by_element():
+def test_counters_are_differenced_and_totalled_key_by_key_and_element_by_element():
     gpu_engines = importlib.import_module("gpu_engines")
     before = {"counts": [1, 2], "seconds": [[1, 0.5], [0, 0.0]], "plans": 3}
     after = {"counts": [4, 2], "seconds": [[2, 1.5], [1, 0.25]], "plans": 5}
     assert gpu_engines.difference(after, before) == {
         "counts": [3, 0], "seconds": [[1, 1.0], [1, 0.25]], "plans": 2}
+    assert gpu_engines.total([before, after]) == {
+        "counts": [5, 4], "seconds": [[3, 2.0], [1, 0.25]], "plans": 8}
 
 
 def test_engine_core_in_its_own_process_keeps_each_engines_environment():
@@ -242,9 +244,12 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
         gpu_engines.stop_engines(engines)
     for run in runs:
         scv = run["scv"]
-        assert set(scv) == {"budget_counts", "budget_seconds", "uniform_plans", "learning_excess",
-                            "unpriced_plans", "budget_changes", "steps", "coefficients"}
-        planned, observed = sum(scv["budget_counts"]), sum(c for c, _ in scv["budget_seconds"])
+        assert set(scv) == {"counters", "budget_changes", "steps", "coefficients"}
+        counters = scv["counters"]
+        assert set(counters) == {"budget_counts", "budget_seconds", "uniform_plans",
+                                 "learning_excess", "unpriced_plans"}
+        planned = sum(counters["budget_counts"])
+        observed = sum(c for c, _ in counters["budget_seconds"])
         # this run's steps only: 2 requests of OUTPUT_LEN tokens take at most that many steps
         assert 0 < observed <= len(scv["steps"]) <= planned <= gpu_engines.OUTPUT_LEN + 2
         assert all(len(step) == 6 for step in scv["steps"])
