@@ -14,7 +14,8 @@ engines tell the runners' difference apart from what speculating costs. ``scv_ch
 the skipped draft pass, no telemetry): what is left is vLLM's speculative path at zero drafts;
 ``scv_chunk0_no_<part>`` leaves out one of them.
 
-It reports throughput per batch size (alternating, two reps) and, at each of
+It reports throughput per batch size (alternating, ``--reps`` runs: the median and each run)
+and, at each of
 ``--profile-batches`` (1 by default), torch profiler tables of one run per engine (self CPU time
 and self CUDA time by op) and cProfile's tables of the same run (the engine is in-process:
 scheduler, runner and plugin). Greedy tokens of each engine are compared with no speculation's:
@@ -106,6 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 128])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--reps", type=int, default=2,
+                        help="runs per engine and batch, alternating (the median is reported)")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-batches", type=int, nargs="+", default=[1],
                         help="requests in flight in each profiled run (2x as many served)")
@@ -130,13 +133,15 @@ def main() -> None:
             for batch in args.batches:
                 extra = [{"synthetic_acceptance_rate": rate}] * (2 * batch)
                 runs = {name: [] for name in engines}
-                for rep in range(2):
+                for rep in range(args.reps):
                     batch_prompts = prompts(2 * batch, seed=1000 * batch + rep, length=128)
                     for name, run in alternate(engines, batch_prompts, rep, extra,
                                                batch).items():
                         runs[name].append(run)
                 row = {"batch": batch, "tok_s": {
                     name: round(statistics.median(tokens_per_second(r) for r in rs), 1)
+                    for name, rs in runs.items()}, "tok_s_by_rep": {
+                    name: [round(tokens_per_second(r), 1) for r in rs]
                     for name, rs in runs.items()}, "drafted": {
                     name: sum(r["drafted"] for r in rs) for name, rs in runs.items()},
                     "engine_core_process": args.engine_core_process}

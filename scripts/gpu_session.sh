@@ -23,18 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU; the eighteenth session's): SCV where plain decoding is best (L=1.5 and
-# the mix at batch 128 and 256) next to two plain engines (the A/A control), with the warm-up
-# now at chunk 0 too and every step the cost model saw recorded; then where the SCV engine's
-# plain steps lose time at batch 256 (0.956-0.998 of plain decoding in the seventeenth
-# session's groups with only plain steps planned): SCV held at chunk 0, with and without the
-# plugin's host work, against no speculation, profiled; then a second group.
+# This plan (one GPU; the eighteenth session's second machine): SCV held at chunk 0 against
+# plain decoding (V2 and V1 runners) at batch 128 and 256, four repetitions each, first with
+# every engine core in a process of its own (vLLM's default layout: the front end's output
+# processing off the step loop's thread), then in the engine's process as scv_bench runs it
+# (the first machine's profile: SCV at chunk 0 0.925 of plain decoding at batch 256
+# in-process); then one more A/A group of scv_bench.
 stream0() {
-  step scv_aa_f scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
-    --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
-  step chunk0_b256 scv_step_profile --engines no_spec scv_chunk0 scv_chunk0_bare \
-    --batches 256 --profile-batches 256
-  step scv_aa_g scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
+  step chunk0_own scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
+    --batches 128 256 --reps 4 --engine-core-process
+  step chunk0_inproc scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
+    --batches 128 256 --reps 4 --no-profile
+  step scv_aa_h scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
     --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
 }
 
