@@ -23,19 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (one GPU; the eighteenth session's second machine): SCV held at chunk 0 against
-# plain decoding (V2 and V1 runners) at batch 128 and 256, four repetitions each, first with
-# every engine core in a process of its own (vLLM's default layout: the front end's output
-# processing off the step loop's thread), then in the engine's process as scv_bench runs it
-# (the first machine's profile: SCV at chunk 0 0.925 of plain decoding at batch 256
-# in-process); then one more A/A group of scv_bench.
+# This plan (the nineteenth session's; one GPU runs stream 0 only): the issue's comparison at
+# batch 1 and 32, every workload, where SCV was last measured before the learning ledger and
+# the warm-up at chunk 0 (sixteenth session: L=3 at batch 1 0.92, the mix at batch 32 0.83);
+# then L=3 and L=4 at batch 128 and 256, last measured in the thirteenth session; then SCV held
+# at chunk 0 against plain decoding in vLLM's own process layout with eight repetitions (its
+# single slow runs, eighteenth session).
 stream0() {
-  step chunk0_own scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
-    --batches 128 256 --reps 4 --engine-core-process
-  step chunk0_inproc scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
-    --batches 128 256 --reps 4 --no-profile
-  step scv_aa_h scv_bench --policies no_spec no_spec_aa scv --batches 128 256 \
-    --workloads uniform_L1.5 mixed_L1.2_and_full --reps 4
+  step scv_small scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 --reps 4
+  step scv_large_L34 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
+    --workloads uniform_L3 uniform_L4 --reps 4
+  step chunk0_own8 scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
+    --batches 128 256 --reps 8 --engine-core-process
 }
 
 gpus=$(nvidia-smi -L | wc -l)
