@@ -32,8 +32,8 @@ def spec_config(method: str, draft_path: str | None = None, k: int = 3, **extra)
     return {**config, "num_speculative_tokens": k, **extra}
 
 
-@contextmanager
-def engine(target: str, speculative_config: dict | None, **kwargs: Any) -> Iterator[LLM]:
+def engine_options(target: str, speculative_config: dict | None, **kwargs: Any) -> dict:
+    """``LLM``'s keyword arguments for the tests' small engines (``kwargs`` override them)."""
     options = dict(
         model=target,
         skip_tokenizer_init=True,
@@ -49,7 +49,12 @@ def engine(target: str, speculative_config: dict | None, **kwargs: Any) -> Itera
         seed=0,
     )
     options.update(kwargs)
-    llm = LLM(speculative_config=speculative_config, **options)
+    return {**options, "speculative_config": speculative_config}
+
+
+@contextmanager
+def engine(target: str, speculative_config: dict | None, **kwargs: Any) -> Iterator[LLM]:
+    llm = LLM(**engine_options(target, speculative_config, **kwargs))
     try:
         yield llm
     finally:

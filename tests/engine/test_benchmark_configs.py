@@ -227,15 +227,11 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
     """The GPU benchmarks' engine process (``gpu_engines.Engine``), on the real CPU engine:
     the warm-up covers every chunk size, and a run comes back with SCV's counters for that run
     alone, its budget changes and every step its cost model observed."""
-    from engine_utils import PROMPTS, spec_config
+    from engine_utils import PROMPTS, engine_options, spec_config
 
     gpu_engines = importlib.import_module("gpu_engines")
     target, draft = tiny_models
-    kwargs = dict(model=target, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
-                  block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-                  enable_prefix_caching=False, enforce_eager=True, gpu_memory_utilization=0.3,
-                  seed=0, disable_log_stats=False,
-                  speculative_config=spec_config("draft_model", draft, scv="adaptive"))
+    kwargs = engine_options(target, spec_config("draft_model", draft, scv="adaptive"))
     engines = gpu_engines.start_engines({"scv": kwargs})
     try:
         assert engines["scv"].warm(PROMPTS[:2]) == [0, 1, 2, 3]
