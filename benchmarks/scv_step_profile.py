@@ -138,11 +138,11 @@ def main() -> None:
                     for name, run in alternate(engines, batch_prompts, rep, extra,
                                                batch).items():
                         runs[name].append(run)
+                by_rep = {name: [tokens_per_second(r) for r in rs] for name, rs in runs.items()}
                 row = {"batch": batch, "tok_s": {
-                    name: round(statistics.median(tokens_per_second(r) for r in rs), 1)
-                    for name, rs in runs.items()}, "tok_s_by_rep": {
-                    name: [round(tokens_per_second(r), 1) for r in rs]
-                    for name, rs in runs.items()}, "drafted": {
+                    name: round(statistics.median(values), 1) for name, values in by_rep.items()},
+                    "tok_s_by_rep": {name: [round(v, 1) for v in values]
+                                     for name, values in by_rep.items()}, "drafted": {
                     name: sum(r["drafted"] for r in rs) for name, rs in runs.items()},
                     "engine_core_process": args.engine_core_process}
                 if "no_spec" in runs:  # greedy: drafts never verified means the same tokens
