@@ -169,7 +169,8 @@ def engine_main(conn, kwargs: dict) -> None:
     def scv_state() -> dict | None:
         """SCV's choices so far (benchmark diagnostics): its counters (steps and seconds by
         draft budget, uniform plans, learning steps, unpriced plans), how long its traces are,
-        and the cost model's current coefficients."""
+        the cost model's current coefficients, and which batches SCV takes to replay FULL
+        graphs (the largest graph's tokens; whether mixed batches do too)."""
         policy = scv_policy(llm)
         if policy is None:
             return None
@@ -180,7 +181,8 @@ def engine_main(conn, kwargs: dict) -> None:
                     "learning_excess": list(policy.learning_excess),
                     "unpriced_plans": policy.unpriced_plans},
                 "traced": (len(budget_changes), len(steps)),
-                "coefficients": [float(c) for c in policy.cost.coefficients]}
+                "coefficients": [float(c) for c in policy.cost.coefficients],
+                "graphs": [policy.settings.max_graph_tokens, policy.settings.mixed_graphs]}
 
     conn.send("ready")
     while True:
@@ -232,7 +234,7 @@ def engine_main(conn, kwargs: dict) -> None:
             scv = {"counters": difference(scv_after["counters"], scv_before["counters"]),
                    "budget_changes": budget_changes[changes_from:changes_to],
                    "steps": steps[steps_from:steps_to],
-                   "coefficients": scv_after["coefficients"]}
+                   "coefficients": scv_after["coefficients"], "graphs": scv_after["graphs"]}
         itls = []
         for o in outputs:
             m, n = o.metrics, len(o.outputs[0].token_ids)

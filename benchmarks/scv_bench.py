@@ -63,6 +63,7 @@ from gpu_engines import (  # noqa: E402
     ABLATE_KEY,
     ORACLE,
     OUTPUT_LEN,
+    agreement,
     alternate,
     prompts,
     rate_for_length,
@@ -75,11 +76,13 @@ from gpu_engines import (  # noqa: E402
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
-            "scv_oracle", "scv_fixed2", "no_spec_aa")
-SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2")
-"""SCV's rows: ``scv`` and two diagnostics: ``scv_oracle`` (SCV planning with the workload's
-true acceptance rates, which a real engine cannot know) and ``scv_fixed2`` (SCV's machinery
-held at chunk 2)."""
+            "scv_oracle", "scv_fixed2", "scv_full_graphs", "no_spec_aa")
+SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2", "scv_full_graphs")
+"""SCV's rows: ``scv`` and three diagnostics: ``scv_oracle`` (SCV planning with the
+workload's true acceptance rates, which a real engine cannot know), ``scv_fixed2`` (SCV's
+machinery held at chunk 2) and ``scv_full_graphs`` (SCV with vLLM's ``cudagraph_mode`` FULL,
+where FULL graphs take batches of unequal chunks too; the other policies keep vLLM's default
+FULL_AND_PIECEWISE)."""
 COMPARED_ROWS = (*SCV_ROWS, "no_spec_aa")
 """The rows compared with the best of the others and never one of them: SCV's, and the A/A
 control ``no_spec_aa``."""
@@ -114,6 +117,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
         speculative.update(scv="fixed", scv_chunk_size=2)
     if policy == "scv_oracle":
         kwargs[ABLATE_KEY] = [ORACLE]
+    if policy == "scv_full_graphs":
+        kwargs["compilation_config"] = {"cudagraph_mode": "FULL"}
     return {**kwargs, "speculative_config": speculative}
 
 
@@ -151,6 +156,11 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                            "tok_s": round(statistics.median(
                                tokens_per_second(r) for r in runs[policy]), 1),
                            "acceptance": round(accepted / drafted, 4) if drafted else None}
+                    if "no_spec" in runs and policy != "no_spec":
+                        # greedy tokens as no speculation's, over every repetition
+                        row["agreement_with_no_spec"] = round(agreement(
+                            [t for r in runs["no_spec"] for t in r["tokens"]],
+                            [t for r in runs[policy] for t in r["tokens"]])[0], 5)
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
                     if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
                         counters = total([x["counters"] for x in scv])
@@ -161,6 +171,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                         debited, excess = counters["learning_excess"]
                         row["scv_learning_excess"] = [debited, round(1e3 * excess, 2)]
                         row["scv_cost_coefficients"] = scv[-1]["coefficients"]
+                        row["scv_graphs"] = scv[-1]["graphs"]  # [max tokens, mixed batches]
                         row["scv_step_ms_by_budget"] = [  # observed, per step
                             round(1e3 * seconds / count, 2) if count else None
                             for count, seconds in counters["budget_seconds"]]

@@ -44,10 +44,10 @@ pays for the drafter's preparation and the rejection sampler (``drafting``); the
 ``D`` passes one after the other, each with its own launches whatever the batch
 (``per_pass``), over ``n`` tokens each (``per_draft``). The
 ``off_graph`` term is what running without a FULL CUDA graph costs: a decode batch replays one
-when its requests all verify the same number of drafts (``patches/decode_graphs.py``) and it
-fits vLLM's largest graph; otherwise it runs PIECEWISE or eagerly. At low concurrency a
-verified token costs little and long chunks pay; at high concurrency it costs more and they
-do not.
+when its requests all verify the same number of drafts (``patches/decode_graphs.py``; any
+batch with vLLM's ``cudagraph_mode`` ``FULL``) and it fits vLLM's largest graph; otherwise
+it runs PIECEWISE or eagerly. At low concurrency a verified token costs little and long
+chunks pay; at high concurrency it costs more and they do not.
 Each request's ``j``-th draft is verified when ``a**j`` exceeds what its verification time
 would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
 batch (the draft budget ``D``), so ``D`` is chosen by evaluating the batch's rate for each
@@ -265,11 +265,13 @@ def cost_features(requests, tokens, budget, off_graph) -> tuple:
             *(min(tokens, knot) for knot in TOKEN_KNOTS))
 
 
-def on_full_graph(uniform, tokens, max_graph_tokens: int | None):
-    """Whether a decode step replays a FULL graph: every request has as many tokens and the
-    batch fits vLLM's largest graph (``max_graph_tokens``; None: there are none). Works on
-    numbers and on numpy arrays alike."""
-    return uniform & (max_graph_tokens is not None and tokens <= max_graph_tokens)
+def on_full_graph(uniform, tokens, max_graph_tokens: int | None, mixed_graphs: bool = False):
+    """Whether a decode step replays a FULL graph: every request has as many tokens, or FULL
+    graphs take any batch (``mixed_graphs``: vLLM's ``cudagraph_mode`` ``FULL``, with an
+    attention backend that supports it), and the batch fits vLLM's largest graph
+    (``max_graph_tokens``; None: there are none). Works on numbers and on numpy arrays alike."""
+    return (uniform | mixed_graphs) & (max_graph_tokens is not None
+                                       and tokens <= max_graph_tokens)
 
 
 def concurrency_band(requests: int) -> int:
@@ -446,6 +448,9 @@ class ScvSettings:
     max_graph_tokens: int | None = None
     """The most tokens a FULL decode graph takes (vLLM's largest capture size); None: no
     FULL decode graphs."""
+    mixed_graphs: bool = False
+    """Whether FULL graphs also take batches whose requests verify different numbers of
+    drafts (vLLM's ``cudagraph_mode`` ``FULL``); otherwise only uniform ones do."""
     probe_cost: float = 0.01
     """The share of the engine's measured time that learning steps may cost: shared probe
     steps, and random plans at a concurrency the cost model does not price yet."""
@@ -528,7 +533,7 @@ class ChunkPolicy:
         if seconds <= 0:
             return
         graphs = self.settings.max_graph_tokens
-        on_graph = on_full_graph(uniform, tokens, graphs)
+        on_graph = on_full_graph(uniform, tokens, graphs, self.settings.mixed_graphs)
         if 0 <= budget < len(self.budget_seconds):
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
@@ -585,7 +590,8 @@ class ChunkPolicy:
             return self._rng.integers(0, budget + 1, size=len(req_ids))
         step = self.acceptance.steps
         sizes = choose_sizes(self.acceptance.rates(req_ids), k, self.cost.coefficients,
-                             self.settings.max_graph_tokens)
+                             self.settings.max_graph_tokens,
+                             mixed_graphs=self.settings.mixed_graphs)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
@@ -639,12 +645,14 @@ class ChunkPolicy:
 
 
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
-                 max_graph_tokens: int | None = None, *, exit_early: bool = True) -> np.ndarray:
+                 max_graph_tokens: int | None = None, *, mixed_graphs: bool = False,
+                 exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's expected tokens per second under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan of ``n`` requests with budget
     ``D = max(sizes)`` has ``n + sum(sizes)`` tokens, and replays a FULL graph when its sizes
-    are equal and its tokens at most ``max_graph_tokens`` (None: never). Each request's own
+    are equal (or always, with ``mixed_graphs``) and its tokens at most ``max_graph_tokens``
+    (None: never). Each request's own
     limit comes from the marginal test ``rate**j > tokens_per_second * per_token_at(tokens)``
     (``tokens``: the plan the rate is of); for each budget ``D`` the plan is ``min(D, limit)``
     per request, or ``D`` for every request, and the
@@ -663,7 +671,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     columns = np.arange(n)
 
     def value(tokens_out, tokens_in, uniform):  # of the plans with budget D (the index)
-        off_graph = ~on_full_graph(uniform, tokens_in, max_graph_tokens)
+        off_graph = ~on_full_graph(uniform, tokens_in, max_graph_tokens, mixed_graphs)
         return tokens_out / np.maximum(cost.seconds(n, tokens_in, budgets, off_graph), 1e-12)
 
     # Every request verifying D: the plans that can replay FULL decode graphs.

@@ -240,7 +240,8 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
         gpu_engines.stop_engines(engines)
     for run in runs:
         scv = run["scv"]
-        assert set(scv) == {"counters", "budget_changes", "steps", "coefficients"}
+        assert set(scv) == {"counters", "budget_changes", "steps", "coefficients", "graphs"}
+        assert scv["graphs"] == [None, False]  # the CPU engine has no FULL graphs
         counters = scv["counters"]
         assert set(counters) == {"budget_counts", "budget_seconds", "uniform_plans",
                                  "learning_excess", "unpriced_plans"}

@@ -54,21 +54,25 @@ def test_choose_sizes(regime, groups, expected):
 
 
 @pytest.mark.parametrize(
-    "off_graph, groups, expected",
+    "off_graph, mixed_graphs, groups, expected",
     [
         # Batch 32, half accepting well, half not, and running off the FULL graphs is free:
         # each request gets its own chunk.
-        (0.0, [(0.95, 16), (0.1, 16)], [K, 0]),
+        (0.0, False, [(0.95, 16), (0.1, 16)], [K, 0]),
         # ... costs a third of a step: every request verifies the same chunk (one FULL graph).
-        (0.003, [(0.95, 16), (0.1, 16)], [K, K]),
+        (0.003, False, [(0.95, 16), (0.1, 16)], [K, K]),
+        # ... unless FULL graphs take mixed batches too (cudagraph_mode FULL).
+        (0.003, True, [(0.95, 16), (0.1, 16)], [K, 0]),
         # Everyone alike: the sizes are uniform anyway; that cost changes nothing.
-        (0.003, [(0.95, 32)], [K]),
-        (0.003, [(0.05, 32)], [0]),
+        (0.003, False, [(0.95, 32)], [K]),
+        (0.003, False, [(0.05, 32)], [0]),
     ],
 )
-def test_choose_sizes_counts_what_leaving_the_graphs_costs(off_graph, groups, expected):
+def test_choose_sizes_counts_what_leaving_the_graphs_costs(off_graph, mixed_graphs, groups,
+                                                           expected):
     rates = np.concatenate([np.full(count, rate) for rate, count in groups])
-    sizes = choose_sizes(rates, K, StepCost(0.006, 5e-5, 0, 5e-6, off_graph), 512)
+    sizes = choose_sizes(rates, K, StepCost(0.006, 5e-5, 0, 5e-6, off_graph), 512,
+                         mixed_graphs=mixed_graphs)
     assert sizes.tolist() == [size for (_, count), size in zip(groups, expected, strict=True)
                               for _ in range(count)]
 

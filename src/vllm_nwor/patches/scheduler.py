@@ -75,6 +75,7 @@ def _wrap_init(init):
                 acceptance_window=config.scv_acceptance_window,
                 cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
                 max_graph_tokens=_max_graph_tokens(self.vllm_config),
+                mixed_graphs=_mixed_graphs(self.vllm_config),
             )
             policy = ChunkPolicy(settings)
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
@@ -95,6 +96,14 @@ def _max_graph_tokens(vllm_config) -> int | None:
             or mode.decode_mode() != CUDAGraphMode.FULL):
         return None
     return compilation.max_cudagraph_capture_size
+
+
+def _mixed_graphs(vllm_config) -> bool:
+    """Whether FULL graphs take batches of unequal query lengths too (``cudagraph_mode`` FULL,
+    as the runner resolved it for the attention backend; the engine core builds its scheduler
+    after the runner has)."""
+    mode = vllm_config.compilation_config.cudagraph_mode
+    return mode is not None and mode.mixed_mode() == CUDAGraphMode.FULL
 
 
 def _wrap_update_after_schedule(update_after_schedule):
