@@ -201,12 +201,17 @@ def merge(jsonl: Path, result: Path) -> None:
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}
     acceptance: dict[tuple[int, str], dict[str, float | None]] = {}
     choices: dict[tuple[int, str], list[dict]] = {}
+    agreement_by_cell: dict[tuple[int, str], dict[str, float]] = {}
     for record in records:
         tables: dict[tuple[int, str], dict[str, float]] = {}
         for row in record["rows"]:
             key = (row["batch"], row["workload"])
             tables.setdefault(key, {})[row["policy"]] = row["tok_s"]
             acceptance.setdefault(key, {})[row["policy"]] = row.get("acceptance")
+            if "agreement_with_no_spec" in row:  # the lowest over groups
+                agreements = agreement_by_cell.setdefault(key, {})
+                agreements[row["policy"]] = min(agreements.get(row["policy"], 1.0),
+                                                row["agreement_with_no_spec"])
             if "scv_budget_counts" in row:
                 choices.setdefault(key, []).append({"policy": row["policy"], **{
                     k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")}})
@@ -236,6 +241,7 @@ def merge(jsonl: Path, result: Path) -> None:
                       **diagnostics, "scv_over_best_other_by_group": ratios["scv"],
                       "groups": group_tables,
                       "acceptance": acceptance.get((batch, workload), {}),
+                      "agreement_with_no_spec": agreement_by_cell.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), [])})
     payload = {**recorded_environment(jsonl), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),

@@ -71,6 +71,8 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
         {"policies": ["fixed_k8", "scv"], "gpu_memory_share": 0.45, "reps": 2,
          "prompt_len": 128, "startup_seconds": {}, "rows": rows({"fixed_k8": 120.0, "scv": 114.0})},
     ]
+    records[0]["rows"][2]["agreement_with_no_spec"] = 0.999
+    records[1]["rows"][1]["agreement_with_no_spec"] = 1.0
     jsonl = tmp_path / "scv.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
     (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H200"}))
@@ -79,6 +81,7 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
     assert cell["scv_over_best_other_by_group"] == [1.1, 0.95]
     assert cell["scv_over_best_other"] == 0.95
     assert cell["tok_s"] == {"no_spec": 100.0, "fixed_k4": 90.0, "fixed_k8": 120.0, "scv": 112.0}
+    assert cell["agreement_with_no_spec"] == {"scv": 0.999}  # the lowest over groups
     assert json.loads((tmp_path / "scv.json").read_text())["device"] == "NVIDIA H200"
 
 
