@@ -23,15 +23,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the nineteenth session's second machine; one GPU runs stream 0 only). The first
-# machine measured batch 1 and 32 on L=1.5, L=3, L=4 and the mix at batch 1, beside SCV with
-# vLLM's cudagraph_mode FULL (scv_full_graphs), and was lost before the mix at batch 32. Here:
-# the mix at batch 32 (0.83 in the sixteenth session); L=3, L=4 and the mix at batch 128 and 256
-# (L=3/L=4 last measured in the thirteenth session); then SCV held at chunk 0 against plain
+# This plan (the next session's; one GPU runs stream 0 only): L=3, L=4 and the mix at batch
+# 128 and 256 (L=3/L=4 last measured in the thirteenth session; the nineteenth session's two
+# machines were lost before this step gave rows), then SCV held at chunk 0 against plain
 # decoding in vLLM's own process layout with eight repetitions (eighteenth session).
 stream0() {
-  step scv_mix32 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 32 \
-    --workloads mixed_L1.2_and_full --reps 4
   step scv_large scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 4
   step chunk0_own8 scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
