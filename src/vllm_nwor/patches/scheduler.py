@@ -99,9 +99,11 @@ def _max_graph_tokens(vllm_config) -> int | None:
 
 
 def _mixed_graphs(vllm_config) -> bool:
-    """Whether FULL graphs take batches of unequal query lengths too (``cudagraph_mode`` FULL,
-    as the runner resolved it for the attention backend; the engine core builds its scheduler
-    after the runner has)."""
+    """Whether FULL graphs take batches of unequal query lengths too (``cudagraph_mode`` FULL).
+    Where the worker shares the engine core's process and config (one GPU), this is the mode
+    the runner resolved for the attention backend: the engine core builds its scheduler after
+    the runner has. With workers in other processes it is the mode asked for; a backend that
+    downgraded it leaves mixed plans priced as on the graphs, which the cost fit then meets."""
     mode = vllm_config.compilation_config.cudagraph_mode
     return mode is not None and mode.mixed_mode() == CUDAGraphMode.FULL
 
