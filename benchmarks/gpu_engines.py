@@ -193,10 +193,13 @@ def engine_main(conn, kwargs: dict) -> None:
         params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
                                  extra_args=extra) for extra in extra_args]
         if kind == "warm":
+            steps_from = len(steps)
             chunks = warm_every_chunk(llm, batch_prompts, params)
             if oracle:  # the warm-up leaves SCV fresh estimates
                 use_oracle(llm)
-            conn.send({"chunks_warmed": chunks})
+            state = scv_state()  # the steps SCV's cost model starts the measured runs from
+            conn.send({"chunks_warmed": chunks, "steps": steps[steps_from:],
+                       "coefficients": state["coefficients"] if state else None})
             continue
         profiler = python_profiler = busy = None
         if kind == "profile":  # torch profiler and cProfile around the run: tables come back
@@ -462,10 +465,12 @@ class Engine:
                         concurrency))
         return self._receive()
 
-    def warm(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> list[int]:
-        """A warm-up run (:func:`warm_every_chunk`); the chunk sizes warmed."""
+    def warm(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> dict:
+        """A warm-up run (:func:`warm_every_chunk`): ``chunks_warmed``, the chunk sizes warmed;
+        ``steps``, SCV's traced steps of the warm-up; ``coefficients``, its cost fit after it
+        (None without SCV)."""
         self.conn.send(("warm", batch_prompts, extra_args or [None] * len(batch_prompts), None))
-        return self._receive()["chunks_warmed"]
+        return self._receive()
 
     def stop(self) -> None:
         if self.process.is_alive():

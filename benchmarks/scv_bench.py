@@ -128,14 +128,18 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
     share = round(memory / len(policies), 3)
     engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
                              for p in policies})
-    rows = []
+    rows, warm = [], {}
     try:
         # Warm-up at every batch size: on 2026-11-22 a warm-up at batch 4 alone left both
         # speculative engines at half speed in the first measured cells (scv_refit_*.json).
-        # SCV's included at every chunk size (gpu_engines.warm_every_chunk).
-        for engine in engines.values():
+        # SCV's included at every chunk size (gpu_engines.warm_every_chunk); its steps and
+        # the cost fit it leaves are kept (``warm``), for offline fits.
+        for policy, engine in engines.items():
             for batch in batches:
-                engine.warm(prompts(batch, seed=99))
+                done = engine.warm(prompts(batch, seed=99))
+                if done["coefficients"] is not None:
+                    warm.setdefault(policy, {})[str(batch)] = {
+                        "steps": done["steps"], "coefficients": done["coefficients"]}
         for name, pattern in workloads().items():
             if names is not None and name not in names:
                 continue
@@ -188,7 +192,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             else f"steady, {load_multiple} x batch requests",
             "async_scheduling": "on for every policy",
             "startup_seconds": {p: round(e.startup_seconds, 1) for p, e in engines.items()},
-            "prompt_len": prompt_len, "reps": reps, "rows": rows}
+            "prompt_len": prompt_len, "reps": reps, "rows": rows, "warm": warm}
 
 
 def merge(jsonl: Path, result: Path) -> None:
@@ -254,7 +258,11 @@ def merge(jsonl: Path, result: Path) -> None:
                                                  "draft_model, on without speculation")
                                            for r in records}),
                "groups": [{"policies": r["policies"], "gpu_memory_share": r["gpu_memory_share"],
-                           "startup_seconds": r["startup_seconds"]} for r in records],
+                           "startup_seconds": r["startup_seconds"],
+                           # SCV's warm-up steps by policy and batch: [requests, tokens,
+                           # budget, ms, uniform, learning]; the cost fit after each
+                           **({"warm": r["warm"]} if r.get("warm") else {})}
+                          for r in records],
                "cells": cells}
     result.parent.mkdir(parents=True, exist_ok=True)
     result.write_text(json.dumps(payload, indent=1) + "\n")

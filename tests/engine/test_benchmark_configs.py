@@ -237,10 +237,13 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
     kwargs = engine_options(target, spec_config("draft_model", draft, scv="adaptive"))
     engines = gpu_engines.start_engines({"scv": kwargs})
     try:
-        assert engines["scv"].warm(PROMPTS[:2]) == [0, 1, 2, 3]
+        warm = engines["scv"].warm(PROMPTS[:2])
         runs = [engines["scv"].run(PROMPTS[:2]) for _ in range(2)]
     finally:
         gpu_engines.stop_engines(engines)
+    assert warm["chunks_warmed"] == [0, 1, 2, 3]
+    assert {step[2] for step in warm["steps"]} == {0, 1, 2, 3}  # budgets of the warm-up's steps
+    assert len(warm["coefficients"]) == len(runs[0]["scv"]["coefficients"])
     for run in runs:
         scv = run["scv"]
         assert set(scv) == {"counters", "budget_changes", "steps", "coefficients", "graphs"}
