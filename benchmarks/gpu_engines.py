@@ -306,8 +306,9 @@ def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
 
     - each time the planned draft budget changes, ``[step, budget, requests, mean acceptance
       estimate, the cost model's coefficients]``;
-    - each step the policy observes, ``[requests, tokens, budget, ms, uniform, learning]``:
-      what the cost model is fitted to, so that other cost models can be fitted to it offline.
+    - each step the policy observes, ``[requests, tokens, budget, ms, uniform, learning,
+      verified]``: what the cost model is fitted to, so that other cost models can be fitted
+      to it offline.
     """
     policy, changes, steps = scv_policy(llm), [], []
     if policy is None:
@@ -325,11 +326,12 @@ def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
         last[0] = budget
         return result
 
-    def traced_observe_step(requests, tokens, budget, seconds, uniform=True, learning=False):
+    def traced_observe_step(requests, tokens, budget, seconds, uniform=True, learning=False,
+                            *, verified):
         if len(steps) < limit:
             steps.append([requests, tokens, budget, round(1e3 * seconds, 3), int(uniform),
-                          int(learning)])
-        observe_step(requests, tokens, budget, seconds, uniform, learning)
+                          int(learning), verified])
+        observe_step(requests, tokens, budget, seconds, uniform, learning, verified=verified)
 
     policy.plan, policy.observe_step = traced_plan, traced_observe_step
     return changes, steps

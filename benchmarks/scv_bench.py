@@ -181,7 +181,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                             for count, seconds in counters["budget_seconds"]]
                         row["scv_budget_changes_by_rep"] = [x["budget_changes"] for x in scv]
                         # every step the cost model saw, for offline fits of other models:
-                        # [requests, tokens, budget, ms, uniform, learning]
+                        # [requests, tokens, budget, ms, uniform, learning, verified]
                         row["scv_steps_by_rep"] = [x["steps"] for x in scv]
                     print(json.dumps(row), flush=True)
                     rows.append(row)
@@ -259,8 +259,8 @@ def merge(jsonl: Path, result: Path) -> None:
                                            for r in records}),
                "groups": [{"policies": r["policies"], "gpu_memory_share": r["gpu_memory_share"],
                            "startup_seconds": r["startup_seconds"],
-                           # SCV's warm-up steps by policy and batch: [requests, tokens,
-                           # budget, ms, uniform, learning]; the cost fit after each
+                           # SCV's warm-up steps by policy and batch (as steps_by_rep's);
+                           # the cost fit after each
                            **({"warm": r["warm"]} if r.get("warm") else {})}
                           for r in records],
                "cells": cells}

@@ -127,7 +127,8 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             policy.observe(chunks)
             learning = policy.learning_step or learning_before  # as patches/scheduler.py does
             learning_before = policy.learning_step
-            policy.observe_step(len(req_ids), tokens, budget, step, uniform, learning=learning)
+            policy.observe_step(len(req_ids), tokens, budget, step, uniform, learning=learning,
+                                verified=int(sizes.sum()))
         seconds += step
         steps += 1
         for req_id in [r for r, (_, left, _) in live.items() if left <= 0]:
@@ -152,7 +153,8 @@ def warm(policy: ChunkPolicy, batches: list[int], rng: np.random.Generator,
             for _ in range(40):
                 tokens = n * (1 + size)
                 policy.observe_step(n, tokens, size,
-                                    step_seconds(n, tokens, size, True, rng, noise))
+                                    step_seconds(n, tokens, size, True, rng, noise),
+                                    verified=n * size)
     policy.acceptance = type(policy.acceptance)(policy.settings.acceptance_window)
 
 

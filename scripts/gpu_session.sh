@@ -23,18 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the twentieth session's; one GPU runs stream 0 only): first, at batch 128 with
-# L=4 and L=3, SCV held at chunk 2 beside vLLM's k=2 (what a drafting step costs SCV's engine
-# at this concurrency, against what SCV's cost fit says; the warm-up's steps are kept), then
-# L=3, L=4 and the mix at batch 128 and 256 (the nineteenth session's machines were lost
-# before this step gave rows), then SCV held at chunk 0 in vLLM's own process layout.
+# This plan (the twentieth session's second machine; one GPU runs stream 0 only): SCV after
+# its cost model keeps its steps by band and budget and its ledger stops charging learning
+# steps for their prompt tokens, first at batch 128 (where the first machine showed both
+# faults), then at batch 1, 32 and 256.
 stream0() {
-  step b128_fixed2 scv_bench --policies no_spec fixed_k2 scv_fixed2 scv --batches 128 \
-    --workloads uniform_L4 uniform_L3 --reps 3
-  step scv_large scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
-    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 3
-  step chunk0_own8 scv_step_profile --engines no_spec no_spec_v1 scv_chunk0 \
-    --batches 128 256 --reps 8 --engine-core-process
+  step after_b128 scv_bench --policies no_spec fixed_k2 scv --batches 128 \
+    --workloads uniform_L4 uniform_L3 mixed_L1.2_and_full --reps 3
+  step after_all scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 256 --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)

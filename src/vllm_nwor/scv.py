@@ -284,12 +284,18 @@ class StepCostModel:
     """:class:`StepCost` fitted to the engine's own steps, over every concurrency it has seen.
 
     The steps are kept by band of concurrency (:func:`concurrency_band`: requests in
-    ``[2**(b-1), 2**b)``), the last ``window`` of each band, and one fit covers them all. A
-    single window of the last steps held one batch size after a while: at batch 1 a draft
-    pass's own cost and its cost per request are the same column, the fit split them at will,
-    and at batch 32 that priced a pass many times its real cost (on the GPU, SCV then held
+    ``[2**(b-1), 2**b)``) and draft budget, the last ``window`` of each, and one fit covers them
+    all. A single window of the last steps held one batch size after a while: at batch 1 a
+    draft pass's own cost and its cost per request are the same column, the fit split them at
+    will, and at batch 32 that priced a pass many times its real cost (on the GPU, SCV then held
     uniform L=3 at chunk 0 in 457 of 489 steps at batch 32, right after the batch-1 cells).
-    Kept by band, steps at other batch sizes stay in the fit and tell the two apart.
+    Kept by band, steps at other batch sizes stay in the fit and tell the two apart. Kept by
+    budget too, the plain steps of a batch held at chunk 0 do not push out what its drafting
+    steps cost: by band alone, at batch 128 the warm-up's steps at every budget (a step
+    verifying 2 drafts per request took 16.4 ms, a plain one 8.5) were gone after 256 plain
+    steps, the drafting terms were left to a few compile-slowed steps of the warm-up's smaller
+    batches, and the fit priced that step at 31 ms: SCV never drafted where fixed k=2 gained
+    13% (``benchmarks/results/scv_b128_fixed2_2026-11-23_h200.json``).
 
     ``ready(requests)`` is True where the steps seen price that concurrency: its own band has
     ``min_steps`` steps, or bands that have lie on both sides of it (between them the fit
@@ -308,13 +314,15 @@ class StepCostModel:
     they are, with no cost per pass or off the graphs.
     """
 
-    def __init__(self, window: int = 256, min_steps: int = 32, refit_interval: int = 32,
+    def __init__(self, window: int = 128, min_steps: int = 32, refit_interval: int = 32,
                  fixed_coefficients: Sequence[float] | None = None) -> None:
         self.window = window
         self.min_steps = min_steps
         self.refit_interval = refit_interval
-        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by band: x, y (a ring)
-        self._counts: dict[int, int] = {}  # by band: steps observed
+        # by (band, budget): x, y (a ring of the last `window` steps), and steps observed
+        self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._counts: dict[tuple[int, int], int] = {}
+        self._band_counts: dict[int, int] = {}  # by band: steps observed
         self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._fits = self._since_fit = 0
         self._fixed = None
@@ -332,14 +340,16 @@ class StepCostModel:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
         band = concurrency_band(requests)
-        if band not in self._rows:
-            self._rows[band] = (np.zeros((self.window, len(StepCost._fields))),
-                                np.zeros(self.window))
-        x, y = self._rows[band]
-        row = self._counts.get(band, 0) % self.window
+        key = (band, int(budget))
+        if key not in self._rows:
+            self._rows[key] = (np.zeros((self.window, len(StepCost._fields))),
+                               np.zeros(self.window))
+        x, y = self._rows[key]
+        row = self._counts.get(key, 0) % self.window
         x[row] = cost_features(requests, tokens, budget, off_graph)
         y[row] = seconds
-        self._counts[band] = self._counts.get(band, 0) + 1
+        self._counts[key] = self._counts.get(key, 0) + 1
+        self._band_counts[band] = self._band_counts.get(band, 0) + 1
         self._since_fit += 1
 
     def ready(self, requests: int) -> bool:
@@ -347,13 +357,13 @@ class StepCostModel:
         if self._fixed is not None:
             return True
         band = concurrency_band(requests)
-        seen = [b for b, count in self._counts.items() if count >= self.min_steps]
+        seen = [b for b, count in self._band_counts.items() if count >= self.min_steps]
         return band in seen or (any(b < band for b in seen) and any(b > band for b in seen))
 
     def priced(self) -> bool:
         """Whether the steps seen price any concurrency (:meth:`ready` somewhere)."""
         return self._fixed is not None or any(
-            count >= self.min_steps for count in self._counts.values())
+            count >= self.min_steps for count in self._band_counts.values())
 
     @property
     def coefficients(self) -> StepCost:
@@ -368,9 +378,9 @@ class StepCostModel:
     def _refit(self) -> None:
         self._fits += 1
         self._since_fit = 0
-        kept = {band: min(count, self.window) for band, count in self._counts.items()}
-        x = np.concatenate([self._rows[band][0][:n] for band, n in kept.items()])
-        y = np.concatenate([self._rows[band][1][:n] for band, n in kept.items()])
+        kept = {key: min(count, self.window) for key, count in self._counts.items()}
+        x = np.concatenate([self._rows[key][0][:n] for key, n in kept.items()])
+        y = np.concatenate([self._rows[key][1][:n] for key, n in kept.items()])
         # A term whose column did not vary (no drafts; every step on the graphs; the same
         # number of tokens) cannot be told apart from the fixed cost: it keeps its last fit,
         # and only the others are fitted to what it leaves. Fitting it anyway set a draft cost
@@ -522,14 +532,17 @@ class ChunkPolicy:
             columns["awaiting"][rows] = 0
 
     def observe_step(self, requests: int, tokens: int, budget: int, seconds: float,
-                     uniform: bool = True, learning: bool = False) -> None:
-        """One step's duration: ``requests`` scheduled, ``tokens`` in all, ``budget`` drafts
-        proposed per request after it; ``uniform`` when every request had as many tokens;
-        ``learning`` for a step planned to learn (:attr:`learning_step` when it was planned)
-        and the step after it, which verified its drafts: the ledger owes their measured time
-        over the plain step the cost model prices for their requests. Every step repays
-        ``probe_cost`` of its time; nothing is saved beyond that (no burst of learning steps
-        after a quiet spell)."""
+                     uniform: bool = True, learning: bool = False, *, verified: int) -> None:
+        """One step's duration: ``requests`` scheduled, ``tokens`` in all, of which ``verified``
+        were drafts being verified, ``budget`` drafts proposed per request after it;
+        ``uniform`` when every request had as many tokens; ``learning`` for a step planned to
+        learn (:attr:`learning_step` when it was planned) and the step after it, which verified
+        its drafts: the ledger owes their measured time over what the cost model prices for the
+        same step without drafts (its prompt tokens too: at batch 128 the warm-up's random
+        plans fell on steps with 16,000 prompt tokens, each priced as a plain decode step, and
+        the 1.1 s they owed kept every shared probe away for the rest of the benchmark). Every
+        step repays ``probe_cost`` of its time; nothing is saved beyond that (no burst of
+        learning steps after a quiet spell)."""
         if seconds <= 0:
             return
         graphs = self.settings.max_graph_tokens
@@ -539,8 +552,9 @@ class ChunkPolicy:
             self.budget_seconds[budget][1] += seconds
         self._balance = min(0.0, self._balance + self.settings.probe_cost * seconds)
         if learning and self.cost.priced():
-            plain = self.cost.coefficients.seconds(
-                requests, requests, 0, not on_full_graph(True, requests, graphs))
+            plain_tokens = tokens - verified
+            plain = self.cost.coefficients.seconds(requests, plain_tokens, 0, not on_full_graph(
+                plain_tokens == requests, plain_tokens, graphs))
             excess = max(0.0, seconds - plain)
             self._balance -= excess
             self.learning_excess[0] += 1

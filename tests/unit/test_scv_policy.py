@@ -231,6 +231,29 @@ def test_cost_model_keeps_what_a_window_without_drafts_cannot_tell():
         true_cost.seconds(100, 500, 4, False), rel=0.05)
 
 
+def test_plain_steps_do_not_push_out_what_drafting_costs():
+    """What the GPU showed at batch 128 (``scv_b128_fixed2_2026-11-23_h200.json``): the warm-up
+    saw every budget at batch 128, then SCV held the batch at chunk 0 for hundreds of steps.
+    Kept by band alone, those plain steps pushed the drafting steps out, the drafting terms
+    were left to a few slow drafting steps of a smaller batch (compiles during the warm-up),
+    and the fit priced a step verifying 2 drafts per request at about twice its cost. Kept by
+    band and budget, the drafting steps stay and the price stays right."""
+    true_cost = StepCost(0.0054, 2.4e-5, 0, 1.5e-6, 0.005, 0.0011)
+    model = StepCostModel(window=128, min_steps=32, refit_interval=16)
+    for budget in range(K + 1):  # the warm-up: every budget at batch 128, 40 steps each
+        tokens = 128 * (1 + budget)
+        for _ in range(40):
+            model.observe(128, tokens, budget, true_cost.seconds(128, tokens, budget, False))
+    for budget in (1, 3):  # a few drafting steps at batch 40, slowed four times by compiles
+        model.observe(40, 40 * (1 + budget), budget,
+                      4 * true_cost.seconds(40, 40 * (1 + budget), budget, False))
+    for _ in range(600):
+        model.observe(128, 128, 0, true_cost.seconds(128, 128, 0, False))
+    for budget in (0, 2):
+        assert model.coefficients.seconds(128, 128 * (1 + budget), budget, False) == (
+            pytest.approx(true_cost.seconds(128, 128 * (1 + budget), budget, False), rel=0.05))
+
+
 def test_steps_at_batch_1_do_not_price_batch_32():
     """What the GPU showed: after the batch-1 cells, SCV held uniform L=3 at chunk 0 in 457 of
     489 steps at batch 32, where fixed k=2 gained 1.43x. At batch 1 a draft pass's own cost and
@@ -253,7 +276,8 @@ def test_steps_at_batch_1_do_not_price_batch_32():
         tokens = 32 + sum(plan.values())
         uniform = len(set(plan.values())) == 1
         policy.observe_step(32, tokens, budgets[-1],
-                            true_cost.seconds(32, tokens, budgets[-1], not uniform), uniform)
+                            true_cost.seconds(32, tokens, budgets[-1], not uniform), uniform,
+                            verified=tokens - 32)
     assert max(budgets) >= 4, budgets  # explored, not planned from batch 1's fit
     assert cost.ready(8) and not cost.ready(64)  # between seen batch sizes, not beyond
     for n in (1, 32):
@@ -448,7 +472,7 @@ class TimedSteps:
             self._this_probe += seconds - plain
             self.largest_probe = max(self.largest_probe, self._this_probe)
         policy.observe_step(n, tokens, budget, seconds, uniform,
-                            learning=policy.learning_step or self._before)
+                            learning=policy.learning_step or self._before, verified=tokens - n)
         self._before = policy.learning_step
         return plan
 
@@ -489,6 +513,24 @@ def test_probe_steps_pay_what_they_measured_not_what_the_model_says():
     assert run.largest_probe > surcharge
     assert run.extra <= share * (run.plain + run.extra) + run.largest_probe, (
         run.extra / (run.plain + run.extra))
+
+
+def test_a_learning_step_owes_what_its_drafts_cost_not_its_prompt_tokens():
+    """What the GPU showed at batch 128: random plans of the warm-up fell on steps that also
+    ran 16,000 prompt tokens (360-400 ms each); priced against a plain decode step, the three
+    owed the ledger 1.1 s, which the engine repays at 1% of its time, and no shared probe came
+    for the rest of the benchmark. Priced against the same step without drafts, such a step
+    owes what drafting cost it, and shared probes come again soon after."""
+    policy = compute_bound_policy(probe_interval=4, probe_cost=0.01)
+    cost = policy.cost.coefficients
+    n, prompt_tokens, budget = 40, 16_000, 3
+    tokens = n + prompt_tokens
+    seconds = cost.seconds(n, tokens, budget, True)
+    policy.observe_step(n, tokens, budget, seconds, uniform=False, learning=True, verified=0)
+    assert policy.learning_excess[1] == pytest.approx(
+        seconds - cost.seconds(n, tokens, 0, True), rel=1e-6)
+    run = run_never_accepting(policy, n, 400)
+    assert run.learning_steps >= 2
 
 
 def test_random_plans_where_nothing_is_priced_are_paid_from_the_ledger():

@@ -221,7 +221,8 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
         policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
                             scheduler_output.num_spec_tokens_to_schedule,
                             now - max(scheduled, previous), uniform=min(tokens) == max(tokens),
-                            learning=learning)
+                            learning=learning, verified=sum(
+                                map(len, scheduler_output.scheduled_spec_decode_tokens.values())))
 
 
 PATCHES = [
