@@ -24,6 +24,9 @@ LLAMA3_8B = dict(
     torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001,
 )
 PROMPT_LEN, OUTPUT_LEN = 512, 128
+OUTPUT_LEN_KEY = "output_len"
+"""In a request's extra args as the benchmarks send them: its own output length (the
+engine process takes it out and sets ``max_tokens``); ``OUTPUT_LEN`` without it."""
 
 
 def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[str, str]:
@@ -190,8 +193,11 @@ def engine_main(conn, kwargs: dict) -> None:
         if message[0] == "stop":
             break
         kind, batch_prompts, extra_args, concurrency = message[:4]
-        params = [SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True,
-                                 extra_args=extra) for extra in extra_args]
+        params = [SamplingParams(
+            max_tokens=(extra or {}).get(OUTPUT_LEN_KEY, OUTPUT_LEN), temperature=0.0,
+            ignore_eos=True, extra_args={k: v for k, v in (extra or {}).items()
+                                         if k != OUTPUT_LEN_KEY} or None)
+            for extra in extra_args]
         if kind == "warm":
             steps_from = len(steps)
             chunks = warm_every_chunk(llm, batch_prompts, params)

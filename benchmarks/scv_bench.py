@@ -56,6 +56,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge  # noqa: E402
@@ -63,6 +65,7 @@ from gpu_engines import (  # noqa: E402
     ABLATE_KEY,
     ORACLE,
     OUTPUT_LEN,
+    OUTPUT_LEN_KEY,
     agreement,
     alternate,
     prompts,
@@ -124,7 +127,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
 
 def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
               prompt_len: int, memory: float, closed_batch: bool = False,
-              names: list[str] | None = None, load_multiple: int = 2) -> dict:
+              names: list[str] | None = None, load_multiple: int = 2,
+              output_lens: tuple[int, int] | None = None) -> dict:
     share = round(memory / len(policies), 3)
     engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
                              for p in policies})
@@ -147,6 +151,11 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                 count = batch if closed_batch else load_multiple * batch
                 rates = [pattern[i % len(pattern)] for i in range(count)]
                 extra = [{"synthetic_acceptance_rate": r} for r in rates]
+                if output_lens is not None:  # each request its own length, the same for all
+                    lengths = np.random.default_rng(batch).integers(
+                        output_lens[0], output_lens[1] + 1, size=count)
+                    for args, length in zip(extra, lengths.tolist(), strict=True):
+                        args[OUTPUT_LEN_KEY] = length
                 runs: dict[str, list[dict]] = {p: [] for p in policies}
                 for rep in range(reps):
                     batch_prompts = prompts(count, seed=1000 * batch + rep, length=prompt_len)
@@ -192,7 +201,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             else f"steady, {load_multiple} x batch requests",
             "async_scheduling": "on for every policy",
             "startup_seconds": {p: round(e.startup_seconds, 1) for p, e in engines.items()},
-            "prompt_len": prompt_len, "reps": reps, "rows": rows, "warm": warm}
+            "prompt_len": prompt_len, "reps": reps, "rows": rows, "warm": warm,
+            "output_lens": list(output_lens) if output_lens else [OUTPUT_LEN, OUTPUT_LEN]}
 
 
 def merge(jsonl: Path, result: Path) -> None:
@@ -249,7 +259,7 @@ def merge(jsonl: Path, result: Path) -> None:
                       "scv_choices_by_group": choices.get((batch, workload), [])})
     payload = {**recorded_environment(jsonl), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
-                            "output_len": OUTPUT_LEN,
+                            "output_len": OUTPUT_LEN,  # [min, max] by group: ``groups``
                             "reps": sorted({r["reps"] for r in records}),
                             "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft",
                             "rates": workloads(), "batch_schedule": BATCH_SCHEDULE},
@@ -259,6 +269,7 @@ def merge(jsonl: Path, result: Path) -> None:
                                            for r in records}),
                "groups": [{"policies": r["policies"], "gpu_memory_share": r["gpu_memory_share"],
                            "startup_seconds": r["startup_seconds"],
+                           "output_lens": r.get("output_lens", [OUTPUT_LEN, OUTPUT_LEN]),
                            # SCV's warm-up steps by policy and batch (as steps_by_rep's);
                            # the cost fit after each
                            **({"warm": r["warm"]} if r.get("warm") else {})}
@@ -283,6 +294,10 @@ def main() -> None:
                         help="requests served per slot in flight (steady load)")
     parser.add_argument("--memory", type=float, default=0.9,
                         help="share of GPU memory for the whole group, split evenly")
+    parser.add_argument("--output-lens", type=int, nargs=2, metavar=("MIN", "MAX"),
+                        help="each request's output length drawn from [MIN, MAX] (the same "
+                        "for every policy) instead of all 128: requests then finish apart, "
+                        "with speculation or without")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="prompt tokens (>= 128); short prompts keep the run decode-bound")
     args = parse_or_merge(parser, merge)
@@ -293,7 +308,7 @@ def main() -> None:
         append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
                                            args.reps, args.prompt_len, args.memory,
                                            args.closed_batch, args.workloads,
-                                           args.load_multiple))
+                                           args.load_multiple, args.output_lens))
 
 
 if __name__ == "__main__":

@@ -23,14 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the twentieth session's second machine; one GPU runs stream 0 only): SCV after
-# its cost model keeps its steps by band and budget and its ledger stops charging learning
-# steps for their prompt tokens, first at batch 128 (where the first machine showed both
-# faults), then at batch 1, 32 and 256.
+# This plan (the twentieth session's third machine; one GPU runs stream 0 only): batch 128
+# and 256 with each request's output length drawn from 64-192 tokens (the same for every
+# policy), so that plain decoding no longer serves its requests in lock-step waves whose
+# prompts all come in one step, while speculation's requests finish apart.
 stream0() {
-  step after_b128 scv_bench --policies no_spec fixed_k2 scv --batches 128 \
-    --workloads uniform_L4 uniform_L3 mixed_L1.2_and_full --reps 3
-  step after_all scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 256 --reps 2
+  step spread_large scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
+    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)

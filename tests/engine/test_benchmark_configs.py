@@ -241,8 +241,11 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
     try:
         warm = engines["scv"].warm(PROMPTS[:2])
         runs = [engines["scv"].run(PROMPTS[:2]) for _ in range(2)]
+        key = gpu_engines.OUTPUT_LEN_KEY  # a request's own output length (scv_bench)
+        short = engines["scv"].run(PROMPTS[:2], [{key: 3}, {key: 5}])
     finally:
         gpu_engines.stop_engines(engines)
+    assert [len(tokens) for tokens in short["tokens"]] == [3, 5]
     assert warm["chunks_warmed"] == [0, 1, 2, 3]
     assert {step[2] for step in warm["steps"]} == {0, 1, 2, 3}  # budgets of the warm-up's steps
     assert len(warm["coefficients"]) == len(runs[0]["scv"]["coefficients"])
