@@ -554,7 +554,7 @@ class ChunkPolicy:
         if learning and self.cost.priced():
             plain_tokens = tokens - verified
             plain = self.cost.coefficients.seconds(requests, plain_tokens, 0, not on_full_graph(
-                plain_tokens == requests, plain_tokens, graphs))
+                plain_tokens == requests, plain_tokens, graphs, self.settings.mixed_graphs))
             excess = max(0.0, seconds - plain)
             self._balance -= excess
             self.learning_excess[0] += 1

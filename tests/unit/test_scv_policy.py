@@ -533,6 +533,24 @@ def test_a_learning_step_owes_what_its_drafts_cost_not_its_prompt_tokens():
     assert run.learning_steps >= 2
 
 
+def test_a_learning_steps_counterpart_replays_the_graphs_its_step_could():
+    """With vLLM's cudagraph_mode FULL a step with prompt tokens replays a FULL graph too, so
+    the same step without drafts is priced on the graphs, as the step itself is."""
+    cost = StepCostModel(min_steps=1)
+    for step in random_steps(StepCost(0.002, 1e-4, 0, 1e-5, 0.003, 0.001), 200,
+                             requests=(32, 64)):
+        cost.observe(*step)
+    policy = ChunkPolicy(ScvSettings("adaptive", K, 4, 16, max_graph_tokens=512,
+                                     mixed_graphs=True), cost)
+    fit = cost.coefficients
+    assert fit.off_graph > 0
+    n, tokens = 40, 140  # 100 prompt tokens, no drafts verified: unequal, within the graphs
+    seconds = fit.seconds(n, tokens, 2, False)
+    policy.observe_step(n, tokens, 2, seconds, uniform=False, learning=True, verified=0)
+    assert policy.learning_excess[1] == pytest.approx(
+        seconds - fit.seconds(n, tokens, 0, False), rel=1e-6)
+
+
 def test_random_plans_where_nothing_is_priced_are_paid_from_the_ledger():
     """The cost model prices batches of 128-255 requests only, and the batch drains to 40
     (the end of a run at batch 256 on the GPU). Random plans there are learning steps: the
