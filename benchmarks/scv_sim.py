@@ -81,6 +81,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         warm(policy, warm_batches, rng, noise)
     fixed = 0 if policy_name == "no_spec" else (
         int(policy_name.removeprefix("fixed_k")) if policy_name.startswith("fixed_k") else None)
+    by_rate = None  # "by_rate_<high>_<low>": the true rate's chunk, high for rates of 1/2 and up
+    if policy_name.startswith("by_rate_"):
+        by_rate = tuple(int(c) for c in policy_name.removeprefix("by_rate_").split("_"))
     total = load * batch
     admitted = 0
     live: dict[str, list] = {}  # request -> [rate, tokens left, draft positions behind]
@@ -99,7 +102,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
     learning_before = False
     while live:
         req_ids = list(live)
-        if policy is None:
+        if by_rate is not None:
+            sizes = np.array([by_rate[0] if live[r][0] >= 0.5 else by_rate[1] for r in req_ids])
+        elif policy is None:
             sizes = np.full(len(req_ids), fixed)
         else:
             plan = policy.plan(req_ids)

@@ -39,8 +39,10 @@ DRAFT_HEAVY = StepCost(0.010, 2e-6, 4e-3, 0, 0)  # a draft pass costs two fifths
         (BATCH_128, [(0.05, 128)], [0]),
         (BATCH_128, [(0.3, 128)], [0]),  # L about 1.4: the regime where fixed k loses a third
         (BATCH_128, [(0.6, 128)], [1]),
-        # A heterogeneous batch: each request gets its own chunk.
-        (BATCH_128, [(0.95, 64), (0.05, 64)], [K, 0]),
+        # A heterogeneous batch: each request gets its own chunk, the accepting half a short
+        # one: what it saves are slots, and the slots it frees fill with the others (K is
+        # worth more only for the next step: 3% more tokens per second, 3% fewer settled).
+        (BATCH_128, [(0.95, 64), (0.05, 64)], [2, 0]),
         # An expensive drafter: it only runs when acceptance repays it.
         (DRAFT_HEAVY, [(0.3, 2)], [0]),
         (DRAFT_HEAVY, [(0.99, 2)], [K]),
@@ -59,8 +61,9 @@ def test_choose_sizes(regime, groups, expected):
         # Batch 32, half accepting well, half not, and running off the FULL graphs is free:
         # each request gets its own chunk.
         (0.0, False, [(0.95, 16), (0.1, 16)], [K, 0]),
-        # ... costs a third of a step: every request verifies the same chunk (one FULL graph).
-        (0.003, False, [(0.95, 16), (0.1, 16)], [K, K]),
+        # ... costs a third of a step: every request verifies the same chunk (one FULL graph),
+        # one draft: at K the rejecting half, which the batch settles into, would verify K.
+        (0.003, False, [(0.95, 16), (0.1, 16)], [1, 1]),
         # ... unless FULL graphs take mixed batches too (cudagraph_mode FULL).
         (0.003, True, [(0.95, 16), (0.1, 16)], [K, 0]),
         # Everyone alike: the sizes are uniform anyway; that cost changes nothing.
@@ -88,12 +91,42 @@ def test_choose_sizes_keeps_the_batch_within_the_largest_graph():
 
 
 def plan_value(rates, sizes, cost, max_graph_tokens=None) -> float:
-    """Expected tokens per second of a plan under the cost model."""
-    tokens = sum(expected_tokens(a, s) for a, s in zip(rates, sizes, strict=True))
-    scheduled = len(rates) + sum(sizes)
+    """Expected tokens per second, under the cost model, of the batch a plan settles into
+    where every request leaving is replaced by one alike (choose_sizes)."""
+    gains = [expected_tokens(a, s) for a, s in zip(rates, sizes, strict=True)]
+    held = sum(1 / g for g in gains)  # slots held, in proportion
+    n = len(rates)
+    scheduled = n + n * sum(s / g for s, g in zip(sizes, gains, strict=True)) / held
     on_graph = (max_graph_tokens is not None and min(sizes) == max(sizes)
                 and scheduled <= max_graph_tokens)
-    return tokens / cost.seconds(len(rates), scheduled, max(sizes), not on_graph)
+    return n * n / held / cost.seconds(n, scheduled, max(sizes), not on_graph)
+
+
+# The step cost the H200 fitted at batch 128 (scv_spread_lengths_2026-11-23_h200.json).
+H200 = StepCost(4.4e-3, 2.38e-5, 3.06e-4, 6.46e-6, 1.37e-4, drafting=1.07e-3)
+
+
+def test_hurrying_the_accepting_half_fills_its_slots_with_the_rejecting_half():
+    """The mix (half the requests accept every draft, half 1 in 6) at batch 128: verifying 8
+    drafts for the accepting half yields a quarter more tokens per second in the next step, but
+    those requests leave 9 times sooner and the rejecting half takes their slots, every step
+    still paying for the draft passes over the whole batch. Plain decoding is worth more in
+    the batch that settles. With one request there is no one to take its slot."""
+    rates = np.repeat([1.0, 0.167], 64)
+    next_step = (64 * 9 + 64) / H200.seconds(128, 128 + 64 * 8, 8, True)
+    assert next_step > 1.2 * 128 / H200.seconds(128, 128, 0, False)
+    assert not choose_sizes(rates, 8, H200, 504).any()
+    assert choose_sizes(np.array([1.0]), 8, H200, 504).tolist() == [8]
+
+
+def test_a_batch_settled_under_a_plan_values_it_as_its_next_step():
+    """Weighted by what a plan gives each request, the batch is what that plan settled into:
+    plans are then valued as their next step, and the accepting requests, few in the batch
+    because they leave soon, keep their chunk where the next step says it pays."""
+    rates = np.repeat([0.95, 0.05], [16, 112])
+    cost = StepCost(0.008, 2e-5, 0, 0, 0)
+    weights = np.where(rates > 0.5, expected_tokens(0.95, K), 1.0)
+    assert choose_sizes(rates, K, cost, weights=weights).tolist() == [K] * 16 + [0] * 112
 
 
 @pytest.mark.parametrize("off_graph, max_graph_tokens", [(0.0, None), (0.002, 96)])
