@@ -19,6 +19,9 @@ GPU: it shows what the policy's choices are worth where the costs are known, and
 to the policy be compared with the current one in the same simulated traffic.
 
     python benchmarks/scv_sim.py --batches 1 32 128 --seeds 4
+
+``--by-rate`` adds, per cell, the best policy that knows every request's true rate and gives
+each a fixed chunk by it (a bound on what per-request chunk sizes can do in that traffic).
 """
 
 from __future__ import annotations
@@ -170,6 +173,10 @@ def main() -> None:
                         default=list(WORKLOADS))
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--load", type=int, default=4, help="requests per slot")
+    parser.add_argument("--by-rate", action="store_true",
+                        help="also every by_rate_<high>_<low> policy (the true rate's chunk: "
+                             "high 0-8 for rates of 1/2 and up, low 0-2 below), reported apart "
+                             "as the best such policy over no speculation")
     parser.add_argument("--noise", type=float, default=0.05,
                         help="sigma of the step time's lognormal noise")
     args = parser.parse_args()
@@ -189,6 +196,13 @@ def main() -> None:
             cells.append({"workload": workload, "batch": batch, "best_other": best,
                           "scv_over_best_other": round(tok_s["scv"] / tok_s[best], 3),
                           "scv_budget_counts": choices, "tok_s": tok_s})
+            if args.by_rate:
+                by_rate = {name: statistics.mean(
+                    simulate(name, WORKLOADS[workload], batch, args.load, seed, args.noise,
+                             args.batches)["tok_s"] for seed in range(args.seeds))
+                    for name in (f"by_rate_{h}_{lo}" for h in range(9) for lo in range(3))}
+                top = max(by_rate, key=by_rate.get)
+                cells[-1]["by_rate_best"] = [top, round(by_rate[top] / tok_s["no_spec"], 3)]
             print(json.dumps(cells[-1]), flush=True)
 
 
