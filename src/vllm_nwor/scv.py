@@ -31,9 +31,12 @@ exploration
     one (another budget, uniform or not), so that the cost model keeps seeing what other plans
     cost.
 
-The policy maximises the batch's expected output rate. A request's drafts are accepted in
-sequence; with a per-draft acceptance probability ``a`` (estimated per request from its own
-history, forgetting old steps), a chunk of size ``c`` yields ``1 + a + ... + a**c`` tokens. A
+The policy maximises the batch's expected output rate in steady state. A request's drafts
+are accepted in sequence; with a per-draft acceptance probability ``a`` (estimated per request
+from its own history, forgetting old steps), a chunk of size ``c`` yields
+``1 + a + ... + a**c`` tokens. A plan is valued by the batch it settles into, where a request
+it hurries leaves its slot to the next one sooner (:func:`choose_sizes`), not by its next
+step alone. A
 step costs (:class:`StepCost`) ``fixed + tokens(scheduled_tokens) + drafting * [D > 0]
 + per_pass * D + per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests
 and draft budget ``D``, fitted online to the engine's own step times at every concurrency it
@@ -48,11 +51,11 @@ when its requests all verify the same number of drafts (``patches/decode_graphs.
 batch with vLLM's ``cudagraph_mode`` ``FULL``) and it fits vLLM's largest graph; otherwise
 it runs PIECEWISE or eagerly. At low concurrency a verified token costs little and long
 chunks pay; at high concurrency it costs more and they do not.
-Each request's ``j``-th draft is verified when ``a**j`` exceeds what its verification time
+Each request's ``j``-th draft is a candidate when ``a**j`` exceeds what its verification time
 would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
-batch (the draft budget ``D``), so ``D`` is chosen by evaluating the batch's rate for each
-``D`` in ``[0, max_chunk]``; each request then verifies ``min(D, its own limit)``, or, where
-that is worth more once ``off_graph`` is counted, every request verifies ``D``.
+batch (the draft budget ``D``), so for each ``D`` in ``[0, max_chunk]`` the candidates are
+every request at ``D``, and each request at ``min(D, its own limit)``, all of them or only
+those whose rate reaches a quantile of the batch's; the best in steady state wins.
 
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """
