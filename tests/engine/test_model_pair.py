@@ -166,9 +166,12 @@ def test_scv_gives_requests_that_accept_differently_different_chunks(runs):
     # first few), verifies at most about one draft a step...
     late = looping.chunks[len(looping.chunks) // 2:]
     assert statistics.fmean(late) <= 1.25, looping
-    # ...and so drafts far fewer tokens in all than without SCV, where the others do not.
+    # ...and so drafts far fewer tokens in all than without SCV, where the others do not. (Not
+    # none: valued in steady state, a slow request's tokens free more slot time, so at an
+    # acceptance near 0.3 it keeps one draft where a next-step valuation gave it none; 60 of
+    # 96 drafts on 2026-11-23, against 96 without SCV.)
     drafted = [(sum(a.chunks), sum(b.chunks)) for a, b in zip(off, scv, strict=True)]
-    assert drafted[2][1] < 0.6 * drafted[2][0], drafted
+    assert drafted[2][1] < 0.7 * drafted[2][0], drafted
     assert drafted[0][1] >= 0.9 * drafted[0][0] and drafted[3][1] >= 0.9 * drafted[3][0], drafted
 
 
