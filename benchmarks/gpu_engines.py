@@ -7,6 +7,7 @@ inter-token latency and the spec-decode and NWOR counter deltas.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import multiprocessing as mp
@@ -156,6 +157,7 @@ def engine_main(conn, kwargs: dict) -> None:
     if oracle:
         use_oracle(llm)
     budget_changes, steps = trace_scv(llm)
+    gc_pauses = record_gc_pauses()
 
     def snapshot() -> dict:
         if not spec:
@@ -219,6 +221,7 @@ def engine_main(conn, kwargs: dict) -> None:
             python_profiler = cProfile.Profile()
             python_profiler.enable()
         before, scv_before = snapshot(), scv_state()
+        gc_pauses.clear()
         start = time.perf_counter()
         if concurrency is None:
             outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
@@ -260,7 +263,25 @@ def engine_main(conn, kwargs: dict) -> None:
             "profile": tables,
             "gpu_busy": busy,
             "scv": scv,
+            "gc_pauses": list(gc_pauses),
         })
+
+
+def record_gc_pauses(at_least_ms: float = 1.0) -> list:
+    """Python's garbage collections in this process from now on that took ``at_least_ms`` or
+    more, as ``[generation, ms]`` (the list fills as they come). Benchmark diagnostics: steps of
+    70-270 ms came now and then in plain steps of every policy's engine, not explained yet."""
+    pauses: list = []
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (ms := 1e3 * (time.perf_counter() - started[0])) >= at_least_ms:
+            pauses.append([info["generation"], round(ms, 2)])
+
+    gc.callbacks.append(callback)
+    return pauses
 
 
 def difference(after, before):

@@ -72,6 +72,7 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
          "prompt_len": 128, "startup_seconds": {}, "rows": rows({"fixed_k8": 120.0, "scv": 114.0})},
     ]
     records[0]["rows"][2]["agreement_with_no_spec"] = 0.999
+    records[0]["rows"][0]["gc_pauses_by_rep"] = [[[2, 150.0]], []]
     records[1]["rows"][1]["agreement_with_no_spec"] = 1.0
     jsonl = tmp_path / "scv.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -82,7 +83,19 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
     assert cell["scv_over_best_other"] == 0.95
     assert cell["tok_s"] == {"no_spec": 100.0, "fixed_k4": 90.0, "fixed_k8": 120.0, "scv": 112.0}
     assert cell["agreement_with_no_spec"] == {"scv": 0.999}  # the lowest over groups
+    assert cell["gc_pauses"] == {"no_spec": [[[[2, 150.0]], []]]}  # by policy, group, rep
     assert json.loads((tmp_path / "scv.json").read_text())["device"] == "NVIDIA H200"
+
+
+def test_gc_pauses_are_recorded_from_then_on():
+    import gc
+
+    pauses = importlib.import_module("gpu_engines").record_gc_pauses(at_least_ms=0.0)
+    try:
+        gc.collect()
+        assert [generation for generation, _ in pauses] == [2]
+    finally:
+        gc.callbacks.pop()
 
 
 def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
