@@ -607,13 +607,10 @@ class ChunkPolicy:
             return self._rng.integers(0, budget + 1, size=len(req_ids))
         step = self.acceptance.steps
         rates = self.acceptance.rates(req_ids)
-        # Each request weighted by what the last plan gave it: the batch is taken to be what
-        # that plan settled into (choose_sizes).
+        # The batch is taken to be what the last plan settled into (choose_sizes).
         last = np.fromiter((self._plan.get(r, 0) for r in req_ids), int, len(req_ids))
         sizes = choose_sizes(rates, k, self.cost.coefficients, self.settings.max_graph_tokens,
-                             weights=(rates[:, None] ** np.arange(k + 1)).cumsum(axis=1)[
-                                 np.arange(len(req_ids)), last],
-                             mixed_graphs=self.settings.mixed_graphs)
+                             settled_under=last, mixed_graphs=self.settings.mixed_graphs)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
@@ -667,8 +664,9 @@ class ChunkPolicy:
 
 
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
-                 max_graph_tokens: int | None = None, *, weights: np.ndarray | None = None,
-                 mixed_graphs: bool = False, exit_early: bool = True) -> np.ndarray:
+                 max_graph_tokens: int | None = None, *,
+                 settled_under: np.ndarray | None = None, mixed_graphs: bool = False,
+                 exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's output rate in steady state under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan gives request ``i`` a chunk
@@ -676,12 +674,13 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     as the batch that plan would settle into, not as the next step: a request stays in its
     slot for as many steps as its length over ``E_i``, and a request that leaves is replaced
     by the next one, so where slots are what is short, a plan that hurries some requests fills
-    their slots with others (Little's law). With ``weights`` ``w_i`` (how often requests like
-    ``i`` arrive, relative to one another; None: alike) the settled batch holds requests in
-    proportion to ``w_i / E_i``, yields ``n * sum(w) / sum(w / E)`` tokens per step (``n``
-    slots) and schedules ``n + n * sum(w * c / E) / sum(w / E)`` tokens. A batch that is what
-    a plan settled into, weighted by what that plan gave each request (``w_i`` the ``E_i`` it
-    had), values that plan exactly as its next step; valuing every plan by its next step
+    their slots with others (Little's law). With arrival weights ``w_i`` (how often requests
+    like ``i`` arrive, relative to one another) the settled batch holds requests in proportion
+    to ``w_i / E_i``, yields ``n * sum(w) / sum(w / E)`` tokens per step (``n`` slots) and
+    schedules ``n + n * sum(w * c / E) / sum(w / E)`` tokens. The batch is taken to be what the
+    plan ``settled_under`` (each request's chunk; None: 0, requests alike) settled into, so
+    ``w_i`` is the ``E_i`` that plan gave request ``i``, and that plan is valued exactly as
+    its next step; valuing every plan by its next step
     instead drafted, on the GPU, for the accepting half of a mixed batch at batch 32 to 256
     and lost 3-31% to plain decoding, because the accepting requests left and the batch became
     the rejecting half, each step still paying for a draft pass over every request.
@@ -701,11 +700,11 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     if n == 0:
         return np.zeros(0, dtype=int)
     a = np.clip(rates, 1e-9, 1 - 1e-9)
-    w = np.ones(n) if weights is None else np.asarray(weights, dtype=float)
     log_a = np.log(a)
     budgets = np.arange(max_chunk + 1)
     gain = np.cumsum(a ** budgets[:, None], axis=0)  # gain[c, i]: request i's tokens at chunk c
     columns = np.arange(n)
+    w = gain[0 if settled_under is None else settled_under, columns]  # arrival weights
 
     def settled(sizes):  # the tokens out and in per step of the batch plans ``sizes`` settle into
         share = w / gain[sizes, columns]  # slots held, in proportion

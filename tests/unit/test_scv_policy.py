@@ -120,13 +120,14 @@ def test_hurrying_the_accepting_half_fills_its_slots_with_the_rejecting_half():
 
 
 def test_a_batch_settled_under_a_plan_values_it_as_its_next_step():
-    """Weighted by what a plan gives each request, the batch is what that plan settled into:
-    plans are then valued as their next step, and the accepting requests, few in the batch
-    because they leave soon, keep their chunk where the next step says it pays."""
+    """Taken to be what a plan settled into, the batch values that plan as its next step, and
+    the accepting requests, few in the batch because they leave soon, keep their chunk where
+    the next step says it pays."""
     rates = np.repeat([0.95, 0.05], [16, 112])
     cost = StepCost(0.008, 2e-5, 0, 0, 0)
-    weights = np.where(rates > 0.5, expected_tokens(0.95, K), 1.0)
-    assert choose_sizes(rates, K, cost, weights=weights).tolist() == [K] * 16 + [0] * 112
+    settled_under = np.where(rates > 0.5, K, 0)
+    assert choose_sizes(rates, K, cost, settled_under=settled_under).tolist() == (
+        [K] * 16 + [0] * 112)
 
 
 @pytest.mark.parametrize("off_graph, max_graph_tokens", [(0.0, None), (0.002, 96)])
