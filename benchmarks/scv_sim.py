@@ -5,10 +5,11 @@ The real :class:`vllm_nwor.scv.ChunkPolicy` plans every step of a simulated stea
 admitted as one finishes). Each draft is accepted with the request's own rate, in sequence, as
 vLLM's synthetic rejection sampling with the per-request rate does. A step takes the seconds of
 a cost function shaped after the H200 runs (``benchmarks/results/scv_*_h200.json``: a plain step
-about 5 / 6 / 10 / 17 ms at batch 1 / 32 / 128 / 256, each request costing its own beyond its
-tokens; a drafting step's own cost, a cost per draft pass and per drafted token; leaving the
-FULL graphs; the prompts of the requests admitted after a step, prefilled in the next), with
-multiplicative noise. The policy sees only
+about 5 / 5.4 / 7.2 / 10.8 ms at batch 1 / 32 / 128 / 256, a cost per scheduled token; a cost
+per draft pass and per drafted token, and the drafter's pass over prompts; leaving the FULL
+graphs; the prompts, the first batch's in the first step and those of the requests admitted
+after a step in the next; with SCV, the lazy draft sync's catch-ups), with multiplicative
+noise. The policy sees only
 its own observations (its cost model is fitted online, as in the engine), after a warm-up that,
 as ``gpu_engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
 and then starts from fresh acceptance estimates.
@@ -20,8 +21,10 @@ to the policy be compared with the current one in the same simulated traffic.
 
     python benchmarks/scv_sim.py --batches 1 32 128 --seeds 4
 
-``--by-rate`` adds, per cell, the best policy that knows every request's true rate and gives
-each a fixed chunk by it (a bound on what per-request chunk sizes can do in that traffic).
+``--unpriced`` adds, per cell, SCV as it was before it priced the lazy draft sync's catch-ups
+(``scv_unpriced``). ``--by-rate`` adds, per cell, the best policy that knows every request's
+true rate and gives each a fixed chunk by it (a bound on what per-request chunk sizes can do in
+that traffic).
 """
 
 from __future__ import annotations
@@ -47,17 +50,19 @@ WORKLOADS = {  # per-draft acceptance rates, drawn per request in turn
 
 
 def step_seconds(n: int, tokens: int, budget: int, uniform: bool, rng: np.random.Generator,
-                 noise: float) -> float:
-    """A step's seconds: ``n`` requests, ``tokens`` scheduled, the drafter proposing ``budget``
-    per request after it, every request verifying as many drafts or not (``uniform``); shaped
-    after the H200 runs, in ms."""
-    # A plain step took 4.85 / 6.0 / 10.2 / 17.0 ms at batch 1 / 32 / 128 / 256 on the H200
-    # (no_spec in scv_probe_ledger_2026-11-23_h200.json): beyond the scheduled tokens' compute
-    # each request costs its own (attention over its context, sampling, host work), whatever
-    # the number of tokens it verifies.
-    ms = 4.7 + 0.021 * tokens + 0.025 * n
+                 noise: float, prompt_tokens: int = 0) -> float:
+    """A step's seconds: ``n`` requests, ``tokens`` scheduled (``prompt_tokens`` of them
+    prompts), the drafter proposing ``budget`` per request after it, every request verifying
+    as many drafts or not (``uniform``); shaped after the H200 runs, in ms."""
+    # The cost fit to every step SCV's engine took in scv_settled_2026-11-23_h200.json (plain
+    # steps of 4.8 / 5.4 / 7.2 / 10.8 ms at batch 1 / 32 / 128 / 256): a scheduled token costs
+    # the same whether it is a request's next token or a draft it verifies (a cost per request
+    # beside it fits to 0), a draft pass its own launches and a cost per request.
+    ms = 4.64 + 0.0237 * tokens
     if budget:
-        ms += 0.7 + 0.35 * budget + 0.004 * n * budget
+        # The drafter also runs over the step's prompt tokens: 16,128 of them took 26 ms more
+        # in a step that drafted than in one that did not (the same run).
+        ms += 0.5 * budget + 0.0058 * n * budget + 0.0016 * prompt_tokens
     if not uniform or tokens > MAX_GRAPH_TOKENS:
         ms += 0.05 * n ** 0.5 + 0.004 * tokens  # host work and launches of a step off the graphs
     return ms * 1e-3 * float(rng.lognormal(0.0, noise))
@@ -66,8 +71,9 @@ def step_seconds(n: int, tokens: int, budget: int, uniform: bool, rng: np.random
 def catch_up_seconds(positions: int) -> float:
     """The lazy draft sync's catch-up before a drafting step (draft_model): a 2-layer draft
     of the 8B shape over ``positions`` skipped positions, in passes of at most 8,192 tokens
-    (shaped after the H200's probe steps: 23 ms at batch 128 and 140 ms at batch 256 against
-    10 and 16 ms plain, ``scv_token_knots_2026-11-22_h200.json``)."""
+    (shaped after the H200: at batch 256 a step drafting again after 13-17 steps at chunk 0,
+    3,300-4,400 positions behind, took 7-10 ms more than the draft pass alone,
+    ``scv_settled_2026-11-23_h200.json``)."""
     if not positions:
         return 0.0
     return (0.5 * -(-positions // 8192) + 0.002 * positions) * 1e-3
@@ -79,7 +85,8 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
     policy = None
     if policy_name.startswith("scv"):
         policy = ChunkPolicy(ScvSettings("adaptive", MAX_CHUNK, 16, 16,
-                                         max_graph_tokens=MAX_GRAPH_TOKENS),
+                                         max_graph_tokens=MAX_GRAPH_TOKENS,
+                                         lazy_draft_sync=True),
                              StepCostModel(), seed=seed)
         warm(policy, warm_batches, rng, noise)
     fixed = 0 if policy_name == "no_spec" else (
@@ -89,16 +96,16 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         by_rate = tuple(int(c) for c in policy_name.removeprefix("by_rate_").split("_"))
     total = load * batch
     admitted = 0
-    live: dict[str, list] = {}  # request -> [rate, tokens left, draft positions behind]
+    # request -> [rate, tokens left, draft positions behind, prompt tokens scheduled next step]
+    live: dict[str, list] = {}
 
     def admit() -> None:
         nonlocal admitted
-        live[f"r{admitted}"] = [rates[admitted % len(rates)], OUTPUT_LEN, PROMPT_LEN]
+        live[f"r{admitted}"] = [rates[admitted % len(rates)], OUTPUT_LEN, 0, PROMPT_LEN]
         admitted += 1
 
     while admitted < min(batch, total):
         admit()
-    prefill = 0  # prompt tokens of the requests admitted since the last step, scheduled next
     seconds = 0.0
     tokens_out = 0
     steps = 0
@@ -109,20 +116,35 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             sizes = np.array([by_rate[0] if live[r][0] >= 0.5 else by_rate[1] for r in req_ids])
         elif policy is None:
             sizes = np.full(len(req_ids), fixed)
-        else:
+        elif policy_name == "scv_unpriced":  # catch-ups not priced (before 2026-11-23)
             plan = policy.plan(req_ids)
             sizes = np.array([plan[r] for r in req_ids])
+        else:  # the engine's scheduled tokens per request: the last plan's drafts and prompts
+            last = policy.current_plan()
+            plan = policy.plan(req_ids, remaining=[live[r][1] for r in req_ids],
+                               scheduled={r: 1 + last.get(r, 0) + live[r][3] for r in req_ids})
+            sizes = np.array([plan[r] for r in req_ids])
+        prefill = sum(live[r][3] for r in req_ids)
         tokens, budget = len(req_ids) + int(sizes.sum()) + prefill, int(sizes.max(initial=0))
         uniform = bool(sizes.min() == budget) and not prefill
-        prefill = 0
-        step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise)
-        if policy is not None:  # SCV's lazy draft sync: catch up what the drafted skipped
-            step += catch_up_seconds(
-                sum(live[r][2] for r, size in zip(req_ids, sizes, strict=True) if size))
+        step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise, prefill)
+        caught_up = 0
+        if policy is not None:
+            # SCV's lazy draft sync (patches/draft_sync.py): at budget 0 every request skips
+            # the step's tokens; otherwise the drafted catch up on what they skipped, and one
+            # left out stays behind if it was.
+            for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
+                state = live[req_id]
+                if budget and size:
+                    caught_up += state[2]
+                    state[2] = 0
+                elif not budget or state[2]:
+                    state[2] += 1 + size + state[3]
+            step += catch_up_seconds(caught_up)
         chunks = []
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
-            rate, left, behind = live[req_id]
-            live[req_id][2] = 0 if size else behind + 1
+            rate, left = live[req_id][:2]
+            live[req_id][3] = 0
             accepted = 0
             while accepted < size and rng.random() < rate:
                 accepted += 1
@@ -136,16 +158,15 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             learning = policy.learning_step or learning_before  # as patches/scheduler.py does
             learning_before = policy.learning_step
             policy.observe_step(len(req_ids), tokens, budget, step, uniform, learning=learning,
-                                verified=int(sizes.sum()))
+                                verified=int(sizes.sum()), caught_up=policy.caught_up)
         seconds += step
         steps += 1
-        for req_id in [r for r, (_, left, _) in live.items() if left <= 0]:
+        for req_id in [r for r, state in live.items() if state[1] <= 0]:
             del live[req_id]
             if policy is not None:
                 policy.forget(req_id)
             if admitted < total:
                 admit()
-                prefill += PROMPT_LEN
     row = {"tok_s": tokens_out / seconds, "steps": steps}
     if policy is not None:
         row["budget_counts"] = policy.budget_counts
@@ -177,6 +198,8 @@ def main() -> None:
                         help="also every by_rate_<high>_<low> policy (the true rate's chunk: "
                              "high 0-8 for rates of 1/2 and up, low 0-2 below), reported apart "
                              "as the best such policy over no speculation")
+    parser.add_argument("--unpriced", action="store_true",
+                        help="also SCV without the catch-up's price (scv_unpriced)")
     parser.add_argument("--noise", type=float, default=0.05,
                         help="sigma of the step time's lognormal noise")
     args = parser.parse_args()
@@ -186,16 +209,19 @@ def main() -> None:
         for batch in args.batches:
             tok_s = {}
             choices = []
-            for name in [*others, "scv"]:
+            for name in [*others, *(["scv_unpriced"] if args.unpriced else []), "scv"]:
                 runs = [simulate(name, WORKLOADS[workload], batch, args.load, seed,
                                  args.noise, args.batches) for seed in range(args.seeds)]
                 tok_s[name] = round(statistics.mean(r["tok_s"] for r in runs), 1)
-                if name == "scv":
+                if name.startswith("scv"):
                     choices = np.sum([r["budget_counts"] for r in runs], axis=0).tolist()
             best = max(others, key=tok_s.get)
             cells.append({"workload": workload, "batch": batch, "best_other": best,
                           "scv_over_best_other": round(tok_s["scv"] / tok_s[best], 3),
                           "scv_budget_counts": choices, "tok_s": tok_s})
+            if args.unpriced:
+                cells[-1]["scv_unpriced_over_best_other"] = round(
+                    tok_s["scv_unpriced"] / tok_s[best], 3)
             if args.by_rate:
                 by_rate = {name: statistics.mean(
                     simulate(name, WORKLOADS[workload], batch, args.load, seed, args.noise,

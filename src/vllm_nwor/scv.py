@@ -20,7 +20,7 @@ probe
     repays ``probe_cost`` of its own measured seconds. So such steps take ``probe_cost`` of the
     engine's time, give or take the last one, whatever they cost: at high concurrency with
     draft_model most of it is the catch-up of the positions the draft skipped (lazy draft
-    sync), which the cost model does not price.
+    sync).
 exploration
     Where the cost model does not price a concurrency yet (:meth:`StepCostModel.ready`), random
     plans (budgets and chunks, uniform or not); once it prices some concurrency, these are paid
@@ -38,11 +38,14 @@ from its own history, forgetting old steps), a chunk of size ``c`` yields
 it hurries leaves its slot to the next one sooner (:func:`choose_sizes`), not by its next
 step alone. A
 step costs (:class:`StepCost`) ``fixed + tokens(scheduled_tokens) + drafting * [D > 0]
-+ per_pass * D + per_draft * n * D + off_graph * [no FULL graph]`` seconds for ``n`` requests
-and draft budget ``D``, fitted online to the engine's own step times at every concurrency it
-has seen (:class:`StepCostModel`): nothing is hand-tuned. ``tokens`` is piecewise linear, its
-slope falling at 16, 64, 256 and 1,024 tokens where the fit says so: a forward over few tokens
-is bound by memory, over many by compute. A step that drafts at all
++ per_pass * D + per_draft * n * D + off_graph * [no FULL graph] + catching_up * [P > 0]
++ per_caught_up * P`` seconds for ``n`` requests, draft budget ``D`` and ``P`` positions the
+lazy draft sync catches up (draft_model: a step at budget 0 skips the drafter, and a request
+drafted again first has its skipped positions written; the policy keeps each request's
+positions behind as the sync does), fitted online to the engine's own step times at every
+concurrency it has seen (:class:`StepCostModel`): nothing is hand-tuned. ``tokens`` is
+piecewise linear, its slope falling at 16, 64, 256 and 1,024 tokens where the fit says so: a
+forward over few tokens is bound by memory, over many by compute. A step that drafts at all
 pays for the drafter's preparation and the rejection sampler (``drafting``); the drafter runs
 ``D`` passes one after the other, each with its own launches whatever the batch
 (``per_pass``), over ``n`` tokens each (``per_draft``). The
@@ -55,14 +58,15 @@ Each request's ``j``-th draft is a candidate when ``a**j`` exceeds what its veri
 would buy at the batch's rate. The drafter proposes the same number of drafts for the whole
 batch (the draft budget ``D``), so for each ``D`` in ``[0, max_chunk]`` the candidates are
 every request at ``D``, and each request at ``min(D, its own limit)``, all of them or only
-those whose rate reaches a quantile of the batch's; the best in steady state wins.
+those whose rate reaches a quantile of the batch's; the best in steady state wins. A request
+behind pays its catch-up, spread over the steps it has left, in every plan that drafts it.
 
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -233,7 +237,14 @@ class StepCost(NamedTuple):
     off_graph: float
     drafting: float = 0.0
     """What a step that drafts at all costs beyond its passes: the drafter's preparation and
-    first pass over the verified tokens, the rejection sampler, a catch-up."""
+    first pass over the verified tokens, the rejection sampler."""
+    catching_up: float = 0.0
+    """What a step that catches the draft up at all costs beyond its positions (the lazy draft
+    sync's pass of the draft model, draft_model): at batch 1 a catch-up over a few positions
+    is mostly this."""
+    per_caught_up: float = 0.0
+    """Cost per position the lazy draft sync catches up in the step: the draft model's pass
+    over what a request skipped while it was not drafted."""
     below_16: float = 0.0
     """Cost per scheduled token beyond ``per_token``, for the first 16 tokens of a step (and
     likewise below 64, 256 and 1024, :data:`TOKEN_KNOTS`): a forward over few tokens is bound
@@ -242,11 +253,12 @@ class StepCost(NamedTuple):
     below_256: float = 0.0
     below_1024: float = 0.0
 
-    def seconds(self, requests, tokens, budget, off_graph):
+    def seconds(self, requests, tokens, budget, off_graph, caught_up=0):
         """Works on numbers and on numpy arrays alike."""
         return (self.fixed + self.per_token * tokens + self.per_pass * budget
                 + self.per_draft * requests * budget + self.off_graph * off_graph
-                + self.drafting * np.greater(budget, 0)
+                + self.drafting * np.greater(budget, 0) + self.per_caught_up * caught_up
+                + self.catching_up * np.greater(caught_up, 0)
                 + sum(slope * np.minimum(tokens, knot) for slope, knot in self._token_slopes()))
 
     def per_token_at(self, tokens: float) -> float:
@@ -262,10 +274,10 @@ class StepCost(NamedTuple):
 _FIRST_SLOPE = StepCost._fields.index("below_16")
 
 
-def cost_features(requests, tokens, budget, off_graph) -> tuple:
+def cost_features(requests, tokens, budget, off_graph, caught_up=0) -> tuple:
     """A step's row for fitting :class:`StepCost`: one value per field, in order."""
     return (1.0, tokens, budget, requests * budget, float(off_graph), float(budget > 0),
-            *(min(tokens, knot) for knot in TOKEN_KNOTS))
+            float(caught_up > 0), caught_up, *(min(tokens, knot) for knot in TOKEN_KNOTS))
 
 
 def on_full_graph(uniform, tokens, max_graph_tokens: int | None, mixed_graphs: bool = False):
@@ -339,7 +351,7 @@ class StepCostModel:
         return sum(self._counts.values())
 
     def observe(self, requests: int, tokens: int, budget: int, seconds: float,
-                off_graph: bool = False) -> None:
+                off_graph: bool = False, caught_up: int = 0) -> None:
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
             return
         band = concurrency_band(requests)
@@ -349,7 +361,7 @@ class StepCostModel:
                                np.zeros(self.window))
         x, y = self._rows[key]
         row = self._counts.get(key, 0) % self.window
-        x[row] = cost_features(requests, tokens, budget, off_graph)
+        x[row] = cost_features(requests, tokens, budget, off_graph, caught_up)
         y[row] = seconds
         self._counts[key] = self._counts.get(key, 0) + 1
         self._band_counts[band] = self._band_counts.get(band, 0) + 1
@@ -464,6 +476,11 @@ class ScvSettings:
     mixed_graphs: bool = False
     """Whether FULL graphs also take batches whose requests verify different numbers of
     drafts (vLLM's ``cudagraph_mode`` ``FULL``); otherwise only uniform ones do."""
+    lazy_draft_sync: bool = False
+    """Whether a step at draft budget 0 skips the drafter, which then catches a request up on
+    the positions it skipped before drafting it again (draft_model,
+    :mod:`vllm_nwor.patches.draft_sync`): the policy then keeps each request's positions
+    behind and prices their catch-up."""
     probe_cost: float = 0.01
     """The share of the engine's measured time that learning steps may cost: shared probe
     steps, and random plans at a concurrency the cost model does not price yet."""
@@ -492,8 +509,12 @@ class ChunkPolicy:
         """The requests this step's plan probes."""
         # idle_from: the step a request's current run at chunk 0 began (-1: not at chunk 0);
         # probe_wait: steps at chunk 0 before its next probe; awaiting: a probe's verdict is due.
+        # behind: positions without draft K/V (lazy draft sync), as of this step's plan.
         self._requests = RequestTable(idle_from=-1, probe_wait=settings.probe_interval,
-                                      awaiting=0)
+                                      awaiting=0, behind=0)
+        self.caught_up = 0
+        """Positions the lazy draft sync catches up in this plan's step (the requests it
+        drafts that were behind)."""
         self.budget_counts = [0] * (settings.max_chunk + 1)
         """Planned steps by draft budget (diagnostics)."""
         self.uniform_plans = 0
@@ -524,6 +545,10 @@ class ChunkPolicy:
         self.acceptance.observe_many(req_ids, sizes, accepted)
         rows = self._requests.rows(req_ids)
         columns = self._requests.columns
+        # A rejected draft's position is no position behind: the sequence rolls back over it
+        # (a request whose tokens joined its gap this step is behind by more than that).
+        behind = columns["behind"]
+        behind[rows] -= np.where(behind[rows] > 0, sizes - accepted, 0)
         probed = columns["awaiting"][rows] > 0
         if probed.any():
             # Back off after a failed probe (up to 8x); come back at once after a success.
@@ -535,9 +560,11 @@ class ChunkPolicy:
             columns["awaiting"][rows] = 0
 
     def observe_step(self, requests: int, tokens: int, budget: int, seconds: float,
-                     uniform: bool = True, learning: bool = False, *, verified: int) -> None:
+                     uniform: bool = True, learning: bool = False, *, verified: int,
+                     caught_up: int = 0) -> None:
         """One step's duration: ``requests`` scheduled, ``tokens`` in all, of which ``verified``
-        were drafts being verified, ``budget`` drafts proposed per request after it;
+        were drafts being verified, ``budget`` drafts proposed per request after it, the lazy
+        draft sync catching up ``caught_up`` positions (:attr:`caught_up` of its plan);
         ``uniform`` when every request had as many tokens; ``learning`` for a step planned to
         learn (:attr:`learning_step` when it was planned) and the step after it, which verified
         its drafts: the ledger owes their measured time over what the cost model prices for the
@@ -562,7 +589,8 @@ class ChunkPolicy:
             self._balance -= excess
             self.learning_excess[0] += 1
             self.learning_excess[1] += excess
-        self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph)
+        self.cost.observe(requests, tokens, budget, seconds, off_graph=not on_graph,
+                          caught_up=caught_up)
 
     def forget(self, req_id: str) -> None:
         """A request that finished: its history goes."""
@@ -572,14 +600,22 @@ class ChunkPolicy:
 
     # -- what to do next -------------------------------------------------------------------
 
-    def plan(self, req_ids: Sequence[str]) -> dict[str, int]:
+    def plan(self, req_ids: Sequence[str], *, remaining: Sequence[int] | None = None,
+             scheduled: Mapping[str, int] | None = None) -> dict[str, int]:
         """Chunk sizes for the next verify step of ``req_ids`` (the running batch).
 
-        Called once per scheduler step, also when no request holds drafts.
+        Called once per scheduler step, also when no request holds drafts. With the lazy draft
+        sync (:attr:`ScvSettings.lazy_draft_sync`), ``scheduled`` is every request this step
+        runs (prompt chunks too) with its tokens, and ``remaining`` each of ``req_ids``' tokens
+        left at most: a request behind is drafted only where its catch-up, spread over the
+        steps it has left, pays (:func:`choose_sizes`).
         """
         req_ids = list(req_ids)
-        sizes = self._choose(req_ids)
+        sizes = self._choose(req_ids, remaining)
         self._budget = int(sizes.max(initial=0))
+        self.caught_up = 0
+        if self.settings.lazy_draft_sync and scheduled is not None:
+            self.caught_up = self._follow_draft_sync(req_ids, sizes, scheduled)
         self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
         short = np.flatnonzero(sizes < self._budget)
         self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
@@ -587,7 +623,28 @@ class ChunkPolicy:
         self.uniform_plans += len(short) == 0
         return self._plan
 
-    def _choose(self, req_ids: list[str]) -> np.ndarray:
+    def _follow_draft_sync(self, req_ids: list[str], sizes: np.ndarray,
+                           scheduled: Mapping[str, int]) -> int:
+        """Each request's positions behind after this step, as the lazy draft sync keeps them:
+        at budget 0 every request skips this step's tokens; otherwise the drafted catch up (the
+        positions returned) and a request left out stays behind if it was, its tokens joining
+        its gap."""
+        ids = list(scheduled)
+        rows = self._requests.rows(ids)
+        behind = self._requests.columns["behind"]
+        tokens = np.fromiter(scheduled.values(), dtype=np.int64, count=len(ids))
+        if not self._budget:
+            behind[rows] += tokens
+            return 0
+        drafted_rows = self._requests.rows([r for r, size in zip(req_ids, sizes, strict=True)
+                                            if size])
+        caught_up = int(behind[drafted_rows].sum())
+        behind[rows] += np.where(behind[rows] > 0, tokens, 0)
+        behind[drafted_rows] = 0
+        return caught_up
+
+    def _choose(self, req_ids: list[str], remaining: Sequence[int] | None = None
+                ) -> np.ndarray:
         k = self.settings.max_chunk
         self.probes = frozenset()
         self.learning_step = False
@@ -609,8 +666,19 @@ class ChunkPolicy:
         rates = self.acceptance.rates(req_ids)
         # The batch is taken to be what the last plan settled into (choose_sizes).
         last = np.fromiter((self._plan.get(r, 0) for r in req_ids), int, len(req_ids))
-        sizes = choose_sizes(rates, k, self.cost.coefficients, self.settings.max_graph_tokens,
-                             settled_under=last, mixed_graphs=self.settings.mixed_graphs)
+        cost = self.cost.coefficients
+        catch_up = None
+        if self.settings.lazy_draft_sync and remaining is not None and (
+                cost.per_caught_up or cost.catching_up):
+            behind = self._requests.columns["behind"][self._requests.rows(req_ids)]
+            left = np.maximum(np.fromiter(remaining, dtype=float, count=len(req_ids)), 1.0)
+            # The pass's own cost shared by the requests behind (drafted together, as a
+            # batch that drafts again is).
+            pass_share = cost.catching_up / max(int(np.count_nonzero(behind)), 1)
+            catch_up = np.where(behind > 0, pass_share + cost.per_caught_up * behind, 0) / left
+        sizes = choose_sizes(rates, k, cost, self.settings.max_graph_tokens,
+                             settled_under=last, mixed_graphs=self.settings.mixed_graphs,
+                             catch_up=catch_up)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
@@ -666,7 +734,7 @@ class ChunkPolicy:
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
                  max_graph_tokens: int | None = None, *,
                  settled_under: np.ndarray | None = None, mixed_graphs: bool = False,
-                 exit_early: bool = True) -> np.ndarray:
+                 catch_up: np.ndarray | None = None, exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's output rate in steady state under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan gives request ``i`` a chunk
@@ -684,6 +752,13 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     instead drafted, on the GPU, for the accepting half of a mixed batch at batch 32 to 256
     and lost 3-31% to plain decoding, because the accepting requests left and the batch became
     the rejecting half, each step still paying for a draft pass over every request.
+
+    ``catch_up``: per request, the seconds its catch-up costs (the lazy draft sync's pass over
+    the positions it skipped) per token it has left to generate. A plan that drafts it pays
+    that once, spread over the steps it has left (its tokens left over ``E_i``): ``E_i`` times
+    ``catch_up`` each step. Without it, a batch near the line between drafting and not went
+    back and forth (on the GPU at batch 256, L=3: budget 1 for one to three steps every 15, each
+    return catching 256 requests up on 15 positions, several milliseconds on an 11 ms step).
 
     The plan with budget ``D = max(c)`` replays a FULL graph when its sizes are equal (or
     always, with ``mixed_graphs``) and its tokens are at most ``max_graph_tokens`` (None:
@@ -705,6 +780,9 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     gain = np.cumsum(a ** budgets[:, None], axis=0)  # gain[c, i]: request i's tokens at chunk c
     columns = np.arange(n)
     w = gain[0 if settled_under is None else settled_under, columns]  # arrival weights
+    # charge[c, i]: what drafting request i at chunk c pays for its catch-up each step
+    charge = np.zeros_like(gain) if catch_up is None else gain * catch_up
+    charge[0] = 0.0
 
     def settled(sizes):  # the tokens out and in per step of the batch plans ``sizes`` settle into
         share = w / gain[sizes, columns]  # slots held, in proportion
@@ -716,7 +794,8 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
         budget = sizes.max(axis=-1)
         off_graph = ~on_full_graph(sizes.min(axis=-1) == budget, tokens_in, max_graph_tokens,
                                    mixed_graphs)
-        return tokens_out / np.maximum(cost.seconds(n, tokens_in, budget, off_graph), 1e-12)
+        seconds = cost.seconds(n, tokens_in, budget, off_graph) + charge[sizes, columns].sum(-1)
+        return tokens_out / np.maximum(seconds, 1e-12)
 
     # Every request verifying D: the plans that can replay FULL decode graphs.
     uniform = np.broadcast_to(budgets[:, None], (len(budgets), n))
@@ -740,6 +819,10 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             with np.errstate(divide="ignore", over="ignore"):
                 limit = np.floor(np.log(min(threshold, 1.0)) / log_a)
             limit = np.where(a > threshold, np.minimum(limit, max_chunk), 0).astype(int)
+            # Drafting at all must also pay the request's catch-up.
+            paid = gain[limit, columns] - 1 > tokens_per_second * (
+                cost.per_token_at(tokens_in) * limit + charge[limit, columns])
+            limit = np.where(paid, limit, 0)
         # [floor, D, n]: min(D, limit) for the requests whose rate reaches the floor, else 0
         sizes = np.minimum(budgets[:, None], limit) * (a >= floors[:, None, None])
         values = value(sizes)

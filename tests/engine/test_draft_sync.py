@@ -17,6 +17,7 @@ from engine_utils import PROMPTS, engine, spec_config
 from vllm import SamplingParams
 
 from vllm_nwor.patches.draft_sync import STATE_ATTR, LazyDraftSync
+from vllm_nwor.patches.scheduler import policy_of
 
 # Probes every 4 steps whatever they cost (scv_probe_cost 1): under this pinned cost model a
 # step that drafts only to probe costs more than a plain one, so the default share (1%) would
@@ -35,6 +36,15 @@ def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:
                 raise RuntimeError("injected catch-up failure")
 
             LazyDraftSync._draft_pass, saved = failing_pass, LazyDraftSync._draft_pass
+        policy, caught_up = policy_of(llm), []
+        plan = policy.plan
+
+        def counted_plan(*args, **kwargs):  # the positions the policy expects caught up
+            result = plan(*args, **kwargs)
+            caught_up.append(policy.caught_up)
+            return result
+
+        policy.plan = counted_plan
         params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
         try:
             outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
@@ -49,6 +59,8 @@ def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:
             "skipped_steps": state.skipped_steps if state else 0,
             "caught_up_tokens": state.caught_up_tokens if state else 0,
             "kept_behind": state.kept_behind if state else 0,
+            "policy_caught_up": sum(caught_up),
+            "catching_up": policy.cost.coefficients.catching_up,
         }
 
 
@@ -75,6 +87,14 @@ def test_the_draft_model_is_skipped_and_caught_up(runs):
     # (their catch-up waits for their own probe; the drafts test below checks it).
     assert lazy["kept_behind"] > 0
     assert runs["every_step"]["skipped_steps"] == 0
+
+
+def test_the_policy_counts_the_positions_the_draft_sync_catches_up(runs):
+    """SCV prices catch-ups from its own account of each request's positions behind: it
+    matches what the runner caught up, prompt chunks included."""
+    lazy = runs["lazy"]
+    assert lazy["caught_up_tokens"] > 0
+    assert lazy["policy_caught_up"] == lazy["caught_up_tokens"]
 
 
 @pytest.mark.parametrize("which", ["runs", "windowed_runs"])

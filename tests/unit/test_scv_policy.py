@@ -130,6 +130,57 @@ def test_a_batch_settled_under_a_plan_values_it_as_its_next_step():
         [K] * 16 + [0] * 112)
 
 
+@pytest.mark.parametrize(
+    "behind, left, drafted",
+    [
+        (0, 4, True),  # nothing to catch up
+        (20000, 20000, True),  # a long catch-up spread over many steps to come
+        (20000, 4, False),  # the same catch-up for a request about to finish
+    ],
+)
+def test_a_request_behind_is_drafted_where_its_catch_up_pays(behind, left, drafted):
+    """Two requests accepting 9 drafts in 10 at batch 1's costs, the second ``behind``
+    positions without draft K/V and ``left`` tokens from its end: drafting it first costs the
+    draft model's pass over those positions (2 us each), spread over the steps it has left."""
+    cost = BATCH_1._replace(per_caught_up=2e-6)
+    catch_up = cost.per_caught_up * np.array([0, behind]) / left
+    sizes = choose_sizes(np.full(2, 0.9), K, cost, catch_up=catch_up)
+    assert sizes[0] > 0 and bool(sizes[1]) == drafted
+    assert choose_sizes(np.full(2, 0.9), K, cost).tolist() == [K, K]  # unpriced: both
+
+
+def test_the_policy_follows_the_draft_syncs_positions_behind():
+    """What the lazy draft sync keeps (patches/draft_sync.py), step by step: at budget 0 every
+    scheduled request skips its tokens; at a drafting step the drafted requests catch up (the
+    positions the plan reports), one left out stays behind if it was, and one that was not (a
+    prompt chunk, a request at chunk 0) has this step covered by the drafter."""
+    policy = ChunkPolicy(ScvSettings("adaptive", K, 4, 16, lazy_draft_sync=True))
+    steps = [  # scheduled tokens (c: a prompt in chunks, not planned), planned chunks
+        ({"a": 128, "b": 1}, [0, 0], 0),
+        ({"a": 1, "b": 1, "c": 64}, [2, 0], 128),
+        ({"a": 3, "b": 2, "c": 64}, [0, 1], 2 + 0),  # b: 1 + 1 behind
+        ({"a": 1, "b": 2, "c": 1}, [0, 0], 0),
+        ({"a": 1, "b": 2, "c": 1}, [1, 1], 1 + 2),
+    ]
+    caught_up = []
+    for scheduled, sizes, _ in steps:
+        policy._choose = lambda req_ids, remaining, sizes=sizes: np.array(sizes)
+        policy.plan(["a", "b"], remaining=[100, 100], scheduled=scheduled)
+        caught_up.append(policy.caught_up)
+    assert caught_up == [expected for *_, expected in steps]
+
+
+def test_cost_model_prices_the_positions_a_catch_up_covers():
+    true_cost = StepCost(0.004, 2e-5, 8e-4, 3e-6, 1e-3, 2e-3, catching_up=5e-4, per_caught_up=2e-6)
+    model = StepCostModel(window=1000, min_steps=10)
+    rng = np.random.default_rng(3)
+    for n, tokens, budget, _, off_graph in random_steps(true_cost, 300):
+        caught_up = int(rng.integers(0, 4000)) if budget and rng.random() < 0.3 else 0
+        model.observe(n, tokens, budget, true_cost.seconds(n, tokens, budget, off_graph,
+                                                           caught_up), off_graph, caught_up)
+    assert model.coefficients == pytest.approx(true_cost, rel=0.05)
+
+
 @pytest.mark.parametrize("off_graph, max_graph_tokens", [(0.0, None), (0.002, 96)])
 def test_chosen_sizes_beat_every_uniform_size_under_the_model(off_graph, max_graph_tokens):
     rng = np.random.default_rng(0)

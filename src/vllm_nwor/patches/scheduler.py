@@ -76,12 +76,14 @@ def _wrap_init(init):
                 cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
                 max_graph_tokens=_max_graph_tokens(self.vllm_config),
                 mixed_graphs=_mixed_graphs(self.vllm_config),
+                lazy_draft_sync=self.vllm_config.speculative_config.method == "draft_model",
             )
             policy = ChunkPolicy(settings)
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
-        self._nwor_scheduled_at = {}  # id(scheduler_output): (time scheduled, learning)
+        # id(scheduler_output): (time scheduled, learning, positions caught up)
+        self._nwor_scheduled_at = {}
         self._nwor_last_output_at = 0.0
         self._nwor_learning_before = False
 
@@ -118,8 +120,13 @@ def _wrap_update_after_schedule(update_after_schedule):
         for req_id in scheduler_output.finished_req_ids:  # finished since the last schedule
             policy.forget(req_id)
         # Requests past their prompt after this step get drafts at its end: plan their chunks.
-        plan = policy.plan([r for r in scheduler_output.num_scheduled_tokens
-                            if not self.requests[r].is_prefill_chunk])
+        scheduled = scheduler_output.num_scheduled_tokens
+        req_ids = [r for r in scheduled if not self.requests[r].is_prefill_chunk]
+        remaining = None
+        if policy.settings.lazy_draft_sync:
+            requests = self.requests
+            remaining = [requests[r].max_tokens - requests[r].num_output_tokens for r in req_ids]
+        plan = policy.plan(req_ids, remaining=remaining, scheduled=scheduled)
         scheduler_output.num_spec_tokens_to_schedule = policy.draft_budget()
         if scheduler_output.num_spec_tokens_to_schedule:
             # The lazy draft sync catches up only these; the rest stay behind.
@@ -129,7 +136,8 @@ def _wrap_update_after_schedule(update_after_schedule):
         # drafts, owe the policy's ledger what they take over a plain step.
         learning = policy.learning_step or self._nwor_learning_before
         self._nwor_learning_before = policy.learning_step
-        self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning)
+        self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning,
+                                                          policy.caught_up)
 
     return wrapper
 
@@ -213,7 +221,8 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     # in the batch queue until the engine steps again, the next run seconds later (the GPU
     # showed such "steps" of 0.2-18 s in the cost model's window).
     now = time.perf_counter()
-    scheduled, learning = scheduler._nwor_scheduled_at.pop(id(scheduler_output), (None, False))
+    scheduled, learning, caught_up = scheduler._nwor_scheduled_at.pop(id(scheduler_output),
+                                                                      (None, False, 0))
     previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
     live = any(r in scheduler.requests for r in scheduler_output.num_scheduled_tokens)
     if scheduled is not None and sampled and live:
@@ -221,7 +230,7 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
         policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
                             scheduler_output.num_spec_tokens_to_schedule,
                             now - max(scheduled, previous), uniform=min(tokens) == max(tokens),
-                            learning=learning, verified=sum(
+                            learning=learning, caught_up=caught_up, verified=sum(
                                 map(len, scheduler_output.scheduled_spec_decode_tokens.values())))
 
 
