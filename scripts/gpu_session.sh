@@ -23,16 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (what the twenty-first session could not run; one GPU runs stream 0 only): SCV
-# valuing each plan by the batch it settles into, with spread output lengths at batch 128 and
-# 256, then the mix with eight requests per slot (nearer a steady state: the run's end is a
-# smaller share). Its first step, every cell with equal lengths, ran
-# (benchmarks/results/scv_settled_2026-11-23_h200.json).
+# This plan (the twenty-second session had no machine; one GPU runs stream 0 only): SCV
+# pricing the lazy draft sync's catch-ups, every cell as in
+# benchmarks/results/scv_settled_2026-11-23_h200.json (the run before it, same settings); then
+# the mix with eight requests per slot (nearer a steady state: the run's end is a smaller
+# share); then spread output lengths at batch 128 and 256.
 stream0() {
-  step settled_spread scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
-    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 --output-lens 64 192
-  step settled_mix_long scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step priced_all scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 128 256 \
+    --reps 2
+  step priced_mix_long scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads mixed_L1.2_and_full --reps 2 --load-multiple 8
+  step priced_spread scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
+    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)
