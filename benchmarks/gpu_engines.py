@@ -119,7 +119,7 @@ def ablate(names: list[str]) -> None:
     from vllm_nwor.patches.draft_sync import LazyDraftSync
     from vllm_nwor.scv import ChunkPolicy
 
-    def plan_zero(self, req_ids):
+    def plan_zero(self, req_ids, **kwargs):
         self._plan, self._budget, self._cuts = dict.fromkeys(req_ids, 0), 0, []
         return self._plan
 
@@ -334,16 +334,16 @@ def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
     - each time the planned draft budget changes, ``[step, budget, requests, mean acceptance
       estimate, the cost model's coefficients]``;
     - each step the policy observes, ``[requests, tokens, budget, ms, uniform, learning,
-      verified]``: what the cost model is fitted to, so that other cost models can be fitted
-      to it offline.
+      verified, caught_up]``: what the cost model is fitted to, so that other cost models can
+      be fitted to it offline.
     """
     policy, changes, steps = scv_policy(llm), [], []
     if policy is None:
         return changes, steps
     plan, observe_step, last = policy.plan, policy.observe_step, [0]
 
-    def traced_plan(req_ids):
-        result = plan(req_ids)
+    def traced_plan(req_ids, **kwargs):
+        result = plan(req_ids, **kwargs)
         budget = policy.draft_budget()
         if budget != last[0] and len(changes) < limit:
             rates = policy.acceptance.rates(list(req_ids)) if len(req_ids) else [0.0]
@@ -354,11 +354,12 @@ def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
         return result
 
     def traced_observe_step(requests, tokens, budget, seconds, uniform=True, learning=False,
-                            *, verified):
+                            *, verified, caught_up=0):
         if len(steps) < limit:
             steps.append([requests, tokens, budget, round(1e3 * seconds, 3), int(uniform),
-                          int(learning), verified])
-        observe_step(requests, tokens, budget, seconds, uniform, learning, verified=verified)
+                          int(learning), verified, caught_up])
+        observe_step(requests, tokens, budget, seconds, uniform, learning, verified=verified,
+                     caught_up=caught_up)
 
     policy.plan, policy.observe_step = traced_plan, traced_observe_step
     return changes, steps

@@ -233,7 +233,7 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
         planned = [after - was for after, was in zip(policy.budget_counts, before, strict=True)]
         assert chunks == [0, 1, 2, 3] and all(planned[chunk] > 0 for chunk in chunks), planned
         assert {change[1] for change in changes} >= {1, 2, 3}  # the budgets it moved to
-        assert {len(step) for step in steps} == {7} and {s[2] for s in steps} >= {0, 1, 2, 3}
+        assert {len(step) for step in steps} == {8} and {s[2] for s in steps} >= {0, 1, 2, 3}
         # drafts verified: some, and within the step's tokens beyond one per request
         assert max(s[6] for s in steps) > 0 and all(0 <= s[6] <= s[1] - s[0] for s in steps)
         assert policy.settings is settings and settings.mode == "adaptive"
@@ -273,5 +273,5 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
         observed = sum(c for c, _ in counters["budget_seconds"])
         # this run's steps only: 2 requests of OUTPUT_LEN tokens take at most that many steps
         assert 0 < observed <= len(scv["steps"]) <= planned <= gpu_engines.OUTPUT_LEN + 2
-        assert all(len(step) == 7 for step in scv["steps"])
+        assert all(len(step) == 8 for step in scv["steps"])
         assert len(run["tokens"]) == 2
