@@ -611,11 +611,12 @@ class ChunkPolicy:
         steps it has left, pays (:func:`choose_sizes`).
         """
         req_ids = list(req_ids)
-        sizes = self._choose(req_ids, remaining)
+        rows = self._requests.rows(req_ids)
+        sizes = self._choose(req_ids, rows, remaining)
         self._budget = int(sizes.max(initial=0))
         self.caught_up = 0
         if self.settings.lazy_draft_sync and scheduled is not None:
-            self.caught_up = self._follow_draft_sync(req_ids, sizes, scheduled)
+            self.caught_up = self._follow_draft_sync(rows[sizes > 0], scheduled)
         self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
         short = np.flatnonzero(sizes < self._budget)
         self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
@@ -623,28 +624,25 @@ class ChunkPolicy:
         self.uniform_plans += len(short) == 0
         return self._plan
 
-    def _follow_draft_sync(self, req_ids: list[str], sizes: np.ndarray,
-                           scheduled: Mapping[str, int]) -> int:
+    def _follow_draft_sync(self, drafted_rows: np.ndarray, scheduled: Mapping[str, int]) -> int:
         """Each request's positions behind after this step, as the lazy draft sync keeps them:
-        at budget 0 every request skips this step's tokens; otherwise the drafted catch up (the
-        positions returned) and a request left out stays behind if it was, its tokens joining
-        its gap."""
-        ids = list(scheduled)
-        rows = self._requests.rows(ids)
+        at budget 0 every request skips this step's tokens; otherwise the drafted (their rows:
+        ``drafted_rows``) catch up (the positions returned) and a request left out stays behind
+        if it was, its tokens joining its gap."""
+        rows = self._requests.rows(list(scheduled))
         behind = self._requests.columns["behind"]
-        tokens = np.fromiter(scheduled.values(), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(scheduled.values(), dtype=np.int64, count=len(rows))
         if not self._budget:
             behind[rows] += tokens
             return 0
-        drafted_rows = self._requests.rows([r for r, size in zip(req_ids, sizes, strict=True)
-                                            if size])
         caught_up = int(behind[drafted_rows].sum())
         behind[rows] += np.where(behind[rows] > 0, tokens, 0)
         behind[drafted_rows] = 0
         return caught_up
 
-    def _choose(self, req_ids: list[str], remaining: Sequence[int] | None = None
-                ) -> np.ndarray:
+    def _choose(self, req_ids: list[str], rows: np.ndarray,
+                remaining: Sequence[int] | None = None) -> np.ndarray:
+        """Chunk sizes for ``req_ids`` (``rows``: theirs in the request table)."""
         k = self.settings.max_chunk
         self.probes = frozenset()
         self.learning_step = False
@@ -670,7 +668,7 @@ class ChunkPolicy:
         catch_up = None
         if self.settings.lazy_draft_sync and remaining is not None and (
                 cost.per_caught_up or cost.catching_up):
-            behind = self._requests.columns["behind"][self._requests.rows(req_ids)]
+            behind = self._requests.columns["behind"][rows]
             left = np.maximum(np.fromiter(remaining, dtype=float, count=len(req_ids)), 1.0)
             # The pass's own cost shared by the requests behind (drafted together, as a
             # batch that drafts again is).
@@ -683,7 +681,6 @@ class ChunkPolicy:
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
         # that drafts anyway, or on the shared probe step.
-        rows = self._requests.rows(req_ids)
         columns = self._requests.columns
         idle = sizes == 0
         idle_from = np.where(idle, columns["idle_from"][rows], -1)

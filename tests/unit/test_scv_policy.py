@@ -164,7 +164,7 @@ def test_the_policy_follows_the_draft_syncs_positions_behind():
     ]
     caught_up = []
     for scheduled, sizes, _ in steps:
-        policy._choose = lambda req_ids, remaining, sizes=sizes: np.array(sizes)
+        policy._choose = lambda req_ids, rows, remaining, sizes=sizes: np.array(sizes)
         policy.plan(["a", "b"], remaining=[100, 100], scheduled=scheduled)
         caught_up.append(policy.caught_up)
     assert caught_up == [expected for *_, expected in steps]
