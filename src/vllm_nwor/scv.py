@@ -509,9 +509,11 @@ class ChunkPolicy:
         """The requests this step's plan probes."""
         # idle_from: the step a request's current run at chunk 0 began (-1: not at chunk 0);
         # probe_wait: steps at chunk 0 before its next probe; awaiting: a probe's verdict is due.
-        # behind: positions without draft K/V (lazy draft sync), as of this step's plan.
+        # behind: positions without draft K/V (lazy draft sync), as of this step's plan;
+        # planned: the request's chunk in the last plan (0 where it was not in it).
         self._requests = RequestTable(idle_from=-1, probe_wait=settings.probe_interval,
-                                      awaiting=0, behind=0)
+                                      awaiting=0, behind=0, planned=0)
+        self._planned_rows = np.zeros(0, dtype=np.intp)  # the last plan's rows
         self.caught_up = 0
         """Positions the lazy draft sync catches up in this plan's step (the requests it
         drafts that were behind)."""
@@ -618,6 +620,10 @@ class ChunkPolicy:
         if self.settings.lazy_draft_sync and scheduled is not None:
             self.caught_up = self._follow_draft_sync(rows[sizes > 0], scheduled)
         self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
+        planned = self._requests.columns["planned"]
+        planned[self._planned_rows] = 0  # (a row freed since holds 0 again when reused)
+        planned[rows] = sizes
+        self._planned_rows = rows
         short = np.flatnonzero(sizes < self._budget)
         self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
         self.budget_counts[self._budget] += 1
@@ -663,7 +669,7 @@ class ChunkPolicy:
         step = self.acceptance.steps
         rates = self.acceptance.rates(req_ids)
         # The batch is taken to be what the last plan settled into (choose_sizes).
-        last = np.fromiter((self._plan.get(r, 0) for r in req_ids), int, len(req_ids))
+        last = self._requests.columns["planned"][rows]
         cost = self.cost.coefficients
         catch_up = None
         if self.settings.lazy_draft_sync and remaining is not None and (
@@ -794,6 +800,9 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
         seconds = cost.seconds(n, tokens_in, budget, off_graph) + charge[sizes, columns].sum(-1)
         return tokens_out / np.maximum(seconds, 1e-12)
 
+    if exit_early and min(cost) >= 0 and not _drafts_can_win(gain, w, cost, max_graph_tokens,
+                                                                mixed_graphs):
+        return np.zeros(n, dtype=int)
     # Every request verifying D: the plans that can replay FULL decode graphs.
     uniform = np.broadcast_to(budgets[:, None], (len(budgets), n))
     uniform_value = value(uniform)
@@ -801,7 +810,6 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             settled(uniform[1:])[0] / cost.seconds(n, n, budgets[1:], False), initial=0.0):
         # No plan with drafts can beat none: with budget D a plan yields at most what every
         # request at chunk D does, and costs at least a step of n tokens on the graphs.
-        # Where SCV keeps a batch at chunk 0, this is every step.
         return np.zeros(n, dtype=int)
     uniform_best = int(np.argmax(uniform_value))
     chosen, best = float(uniform_value[uniform_best]), uniform[uniform_best]
@@ -830,6 +838,43 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             break  # a fixed point: the next iteration would choose the same plan
         tokens_per_second, tokens_in = chosen, float(settled(best)[1])
     return np.array(best, dtype=int)
+
+
+def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
+                     max_graph_tokens: int | None, mixed_graphs: bool) -> bool:
+    """Whether some plan with drafts might beat the plan without (False: none can), for
+    :func:`choose_sizes` (``gain[c, i]``: request ``i``'s tokens at chunk ``c``; ``w``: the
+    arrival weights; every term of ``cost`` at least 0).
+
+    A plan with budget ``D`` costs at least ``S_D``, a step of ``n`` tokens at that budget
+    (off the graphs where every such plan is), plus ``p`` for each draft it settles into
+    (``p``: what a token costs at the most tokens a plan can schedule; the cost per token only
+    falls); the plain step costs ``S_0``. With ``choose_sizes``' settled batch, such a plan
+    yields more tokens per second than the plain one only if
+    ``sum_i w_i * (1 - (S_D / S_0 + v * c_i) / gain[c_i, i]) > 0``, ``v = n * p / S_0``: a
+    sum of one term per request, so no plan with budget ``D`` can if no request's best term at
+    a chunk up to ``D`` makes it positive (catch-up charges, left out, only add cost). At
+    batch 256 on the H200 that keeps L=3 at chunk 0 without the search, which the bound by
+    budget alone (every request at chunk ``D``, priced as a step of ``n`` tokens) never did:
+    a step's drafts cost mostly per token there, and that bound leaves them out."""
+    n = gain.shape[1]
+    budgets = np.arange(len(gain))
+    # Off the graphs for certain: no FULL graphs, or even the fewest tokens a plan of budget D
+    # can have (n + D with mixed graphs, else n * (1 + D): only uniform plans replay) exceed
+    # the largest. With D = 0 this is the plain step.
+    fewest = n + budgets if mixed_graphs else n * (1 + budgets)
+    off = np.full(len(gain), True) if max_graph_tokens is None else fewest > max_graph_tokens
+    least = cost.seconds(n, n, budgets, off)  # S_D; S_0 is the plain step
+    plain = least[0]
+    if plain <= 0:
+        return True
+    per_draft_token = n * cost.per_token_at(n * len(gain)) / plain  # v, the least it can be
+    # terms[D, c, i]: request i at chunk c in a plan of budget D (c > D: not a candidate)
+    terms = 1 - (least[:, None, None] / plain
+                 + per_draft_token * budgets[None, :, None]) / gain[None]
+    terms[budgets[None, :] > budgets[:, None]] = -np.inf
+    best = terms.max(axis=1)[1:] @ w  # by budget D >= 1
+    return bool(np.any(best > -1e-9 * w.sum()))  # a tie (to rounding) is searched
 
 
 def expected_tokens(rate: float, size: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vllm_nwor import scv
 from vllm_nwor.scv import (
     AcceptanceEstimator,
     ChunkPolicy,
@@ -195,20 +196,42 @@ def test_chosen_sizes_beat_every_uniform_size_under_the_model(off_graph, max_gra
 
 
 def test_choose_sizes_stops_early_only_where_no_plan_with_drafts_wins():
-    """The early exit for plans without drafts returns what the full search returns."""
+    """The early exits for plans without drafts return what the full search returns, with every
+    term of the cost, a batch settled under an earlier plan and catch-up charges; and they are
+    taken (the search is what costs the host time at batch 256)."""
     rng = np.random.default_rng(1)
     cases = []
-    for _ in range(400):
-        rates = rng.uniform(0.0, 1.0, size=rng.integers(1, 160)) ** rng.uniform(0.2, 4)
-        cost = StepCost(*rng.uniform(0, 1e-2, 2) * [1, 1e-3], *rng.uniform(0, 2e-3, 2) * [1, 1e-2],
-                        rng.choice([0.0, 2e-3]))
-        cases.append((rates, cost, rng.choice([None, 96, 512])))
-    fast = [choose_sizes(rates, K, cost, graphs).tolist() for rates, cost, graphs in cases]
-    full = [choose_sizes(rates, K, cost, graphs, exit_early=False).tolist()
-            for rates, cost, graphs in cases]
+    for _ in range(600):
+        n = int(rng.integers(1, 300))
+        rates = rng.uniform(0.0, 1.0, size=n) ** rng.uniform(0.2, 4)
+        cost = StepCost(*rng.uniform(0, 1e-2, 2) * [1, 1e-4], *rng.uniform(0, 2e-3, 2) * [1, 1e-2],
+                        rng.choice([0.0, 2e-3]), *rng.uniform(0, 2e-3, 3) * [1, 1, 1e-4],
+                        *rng.uniform(0, 5e-5, 4) * (rng.random(4) < 0.5))
+        settled_under = rng.integers(0, K + 1, size=n) if rng.random() < 0.5 else None
+        catch_up = rng.uniform(0, 1e-5, size=n) * (rng.random(n) < 0.5) if rng.random() < 0.5 \
+            else None
+        cases.append((rates, cost, rng.choice([None, 96, 512]),
+                      {"settled_under": settled_under, "catch_up": catch_up}))
+    searched = 0
+    real = scv._drafts_can_win
+
+    def counted(*args):
+        nonlocal searched
+        searched += real(*args)
+        return real(*args)
+
+    scv._drafts_can_win = counted
+    try:
+        fast = [choose_sizes(rates, K, cost, graphs, **kw).tolist()
+                for rates, cost, graphs, kw in cases]
+    finally:
+        scv._drafts_can_win = real
+    full = [choose_sizes(rates, K, cost, graphs, exit_early=False, **kw).tolist()
+            for rates, cost, graphs, kw in cases]
     assert fast == full
     zero = sum(not any(sizes) for sizes in full)
-    assert 50 < zero < 350  # both kinds of batch were tried
+    assert 100 < zero < 500  # both kinds of batch were tried
+    assert searched < len(cases) - 0.75 * zero  # most batches kept at 0 were not searched
 
 
 @pytest.mark.parametrize(
