@@ -23,14 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (twenty-third session; its first machine was lost after the batch 1-128 cells of
-# uniform L=1.5, leaving ten minutes): SCV pricing the lazy draft sync's catch-ups where they
-# happen, batch 256 and 128, on the workloads where SCV drafts there (as in
-# benchmarks/results/scv_settled_2026-11-23_h200.json, the run before it, without fixed k=4,
-# which was never the best at these batches).
+# This plan (the twenty-third session ran batch 128 and 256 only, one group, and changed the
+# early exit of choose_sizes since): every cell as in
+# benchmarks/results/scv_settled_2026-11-23_h200.json, then the mix with eight requests per
+# slot, then spread output lengths at batch 128 and 256.
 stream0() {
-  step priced_big scv_bench --policies no_spec fixed_k2 scv --batches 256 128 \
-    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
+  step priced_all scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 128 256 \
+    --reps 2
+  step priced_mix_long scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+    --workloads mixed_L1.2_and_full --reps 2 --load-multiple 8
+  step priced_spread scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
+    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -126,6 +126,22 @@ def test_overhead_lengths_per_k():
     assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
 
 
+def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
+    """scv_plan_host.py: each step planned, observed and timed; accepting requests drafted,
+    and both ways of the early exit choosing alike."""
+    plan_host = importlib.import_module("scv_plan_host")
+    times, counts = plan_host.drive([0.95], batch=8, steps=200, cost=plan_host.H200_B256_L3)
+    assert len(times) == 150 and min(times) > 0 and sum(counts) == 200
+    assert sum(counts[1:]) > 100
+    scv = plan_host.scv
+    bound = scv._drafts_can_win
+    scv._drafts_can_win = lambda *args: True
+    try:
+        assert plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3)[1] == counts
+    finally:
+        scv._drafts_can_win = bound
+
+
 def test_overhead_cell_keeps_every_repetition():
     overhead = importlib.import_module("nwor_overhead")
 
