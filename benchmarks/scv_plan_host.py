@@ -40,9 +40,21 @@ WORKLOADS = {"uniform_L1.5": [0.336], "uniform_L3": [0.741], "uniform_L4": [0.88
              "mixed_L1.2_and_full": [0.167, 1.0]}
 
 
-def drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int = 0):
+def drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int = 0,
+          request_bound: bool = True):
     """Seconds of the policy's work per step (plan, observe, observe_step; not the drawing of
-    verdicts), after a warm-up, and its budget counts."""
+    verdicts), after a warm-up, and its budget counts; without ``request_bound``, the early
+    exit by request is switched off (``search``)."""
+    bound = scv._drafts_can_win
+    if not request_bound:
+        scv._drafts_can_win = lambda *args: True
+    try:
+        return _drive(rates, batch, steps, cost, seed)
+    finally:
+        scv._drafts_can_win = bound
+
+
+def _drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int):
     policy = ChunkPolicy(ScvSettings(mode="adaptive", max_chunk=8, probe_interval=16,
                                      acceptance_window=16, max_graph_tokens=512,
                                      lazy_draft_sync=True), seed=seed)
@@ -100,20 +112,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
-    bounded = scv._drafts_can_win
-    ways = {"search": lambda *a: True, "bounded": bounded}
+    ways = {"search": False, "bounded": True}  # the request bound
     cells = []
     for name, rates in WORKLOADS.items():
         for batch in args.batches:
             times = {w: [] for w in ways}
             counts = {}
             for rep in range(args.reps):
-                for way, bound in ways.items():  # alternating
-                    scv._drafts_can_win = bound
-                    try:
-                        t, counts[way] = drive(rates, batch, args.steps, H200_B256_L3, seed=rep)
-                    finally:
-                        scv._drafts_can_win = bounded
+                for way, request_bound in ways.items():  # alternating
+                    t, counts[way] = drive(rates, batch, args.steps, H200_B256_L3, seed=rep,
+                                           request_bound=request_bound)
                     times[way] += t
             us = {w: round(statistics.median(t) * 1e6, 1) for w, t in times.items()}
             cells.append({"workload": name, "batch": batch, "median_us_per_step": us,

@@ -859,11 +859,11 @@ def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
     a step's drafts cost mostly per token there, and that bound leaves them out."""
     n = gain.shape[1]
     budgets = np.arange(len(gain))
-    # Off the graphs for certain: no FULL graphs, or even the fewest tokens a plan of budget D
-    # can have (n + D with mixed graphs, else n * (1 + D): only uniform plans replay) exceed
-    # the largest. With D = 0 this is the plain step.
+    # Off the graphs for certain where even the plan of budget D most likely on them is not:
+    # the fewest tokens (n + D) with mixed graphs, else every request at D (only uniform plans
+    # replay). With D = 0 this is the plain step.
     fewest = n + budgets if mixed_graphs else n * (1 + budgets)
-    off = np.full(len(gain), True) if max_graph_tokens is None else fewest > max_graph_tokens
+    off = np.logical_not(on_full_graph(True, fewest, max_graph_tokens, mixed_graphs))
     least = cost.seconds(n, n, budgets, off)  # S_D; S_0 is the plain step
     plain = least[0]
     if plain <= 0:

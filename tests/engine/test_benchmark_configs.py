@@ -133,13 +133,9 @@ def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
     times, counts = plan_host.drive([0.95], batch=8, steps=200, cost=plan_host.H200_B256_L3)
     assert len(times) == 150 and min(times) > 0 and sum(counts) == 200
     assert sum(counts[1:]) > 100
-    scv = plan_host.scv
-    bound = scv._drafts_can_win
-    scv._drafts_can_win = lambda *args: True
-    try:
-        assert plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3)[1] == counts
-    finally:
-        scv._drafts_can_win = bound
+    bound = plan_host.scv._drafts_can_win
+    search = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, request_bound=False)
+    assert search[1] == counts and plan_host.scv._drafts_can_win is bound  # put back
 
 
 def test_overhead_cell_keeps_every_repetition():
