@@ -80,15 +80,17 @@ def catch_up_seconds(positions: int) -> float:
 
 
 def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: int,
-             noise: float, warm_batches: list[int]) -> dict:
+             noise: float, warm_batches: list[int], async_scheduling: bool = True,
+             policy: ChunkPolicy | None = None) -> dict:
+    """One policy's run. With ``async_scheduling`` (as the GPU benchmarks run every policy)
+    SCV plans each step before it has observed the last one's verdicts and time, as the
+    scheduler patch does: vLLM schedules step N+1 before step N's output comes. SCV starts
+    from ``policy`` where one is given (one engine serving cell after cell), else from a
+    fresh one after the warm-up."""
     rng = np.random.default_rng(seed)
-    policy = None
-    if policy_name.startswith("scv"):
-        policy = ChunkPolicy(ScvSettings("adaptive", MAX_CHUNK, 16, 16,
-                                         max_graph_tokens=MAX_GRAPH_TOKENS,
-                                         lazy_draft_sync=True),
-                             StepCostModel(), seed=seed)
-        warm(policy, warm_batches, rng, noise)
+    if policy_name.startswith("scv") and policy is None:
+        policy = new_policy(seed, warm_batches, rng, noise)
+    counts_before = list(policy.budget_counts) if policy is not None else []
     fixed = 0 if policy_name == "no_spec" else (
         int(policy_name.removeprefix("fixed_k")) if policy_name.startswith("fixed_k") else None)
     by_rate = None  # "by_rate_<high>_<low>": the true rate's chunk, high for rates of 1/2 and up
@@ -110,6 +112,15 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
     tokens_out = 0
     steps = 0
     learning_before = False
+    pending = None  # a step's verdicts, time and finished requests, not yet observed
+
+    def observe(chunks, step_args, finished) -> None:
+        policy.observe(chunks)
+        *args, learning, verified, caught_up = step_args
+        policy.observe_step(*args, learning=learning, verified=verified, caught_up=caught_up)
+        for req_id in finished:
+            policy.forget(req_id)
+
     while live:
         req_ids = list(live)
         if by_rate is not None:
@@ -124,11 +135,17 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             plan = policy.plan(req_ids, remaining=[live[r][1] for r in req_ids],
                                scheduled={r: 1 + last.get(r, 0) + live[r][3] for r in req_ids})
             sizes = np.array([plan[r] for r in req_ids])
+        if policy is not None:  # as patches/scheduler.py records them when it plans
+            learning = policy.learning_step or learning_before
+            learning_before, caught_up = policy.learning_step, policy.caught_up
+            if pending is not None:  # the last step's output comes after this plan
+                observe(*pending)
+                pending = None
         prefill = sum(live[r][3] for r in req_ids)
         tokens, budget = len(req_ids) + int(sizes.sum()) + prefill, int(sizes.max(initial=0))
         uniform = bool(sizes.min() == budget) and not prefill
         step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise, prefill)
-        caught_up = 0
+        positions = 0
         if policy is not None:
             # SCV's lazy draft sync (patches/draft_sync.py): at budget 0 every request skips
             # the step's tokens; otherwise the drafted catch up on what they skipped, and one
@@ -136,11 +153,11 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
                 state = live[req_id]
                 if budget and size:
-                    caught_up += state[2]
+                    positions += state[2]
                     state[2] = 0
                 elif not budget or state[2]:
                     state[2] += 1 + size + state[3]
-            step += catch_up_seconds(caught_up)
+            step += catch_up_seconds(positions)
         chunks = []
         for req_id, size in zip(req_ids, sizes.tolist(), strict=True):
             rate, left = live[req_id][:2]
@@ -153,24 +170,34 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             made = min(1 + accepted, left)
             tokens_out += made
             live[req_id][1] = left - made
-        if policy is not None:
-            policy.observe(chunks)
-            learning = policy.learning_step or learning_before  # as patches/scheduler.py does
-            learning_before = policy.learning_step
-            policy.observe_step(len(req_ids), tokens, budget, step, uniform, learning=learning,
-                                verified=int(sizes.sum()), caught_up=policy.caught_up)
         seconds += step
         steps += 1
-        for req_id in [r for r, state in live.items() if state[1] <= 0]:
+        finished = [r for r, state in live.items() if state[1] <= 0]
+        for req_id in finished:
             del live[req_id]
-            if policy is not None:
-                policy.forget(req_id)
             if admitted < total:
                 admit()
+        if policy is not None:
+            pending = (chunks, (len(req_ids), tokens, budget, step, uniform, learning,
+                                int(sizes.sum()), caught_up), finished)
+            if not async_scheduling or not live:
+                observe(*pending)
+                pending = None
     row = {"tok_s": tokens_out / seconds, "steps": steps}
     if policy is not None:
-        row["budget_counts"] = policy.budget_counts
+        row["budget_counts"] = [after - before for after, before in
+                                zip(policy.budget_counts, counts_before, strict=True)]
     return row
+
+
+def new_policy(seed: int, warm_batches: list[int], rng: np.random.Generator,
+               noise: float) -> ChunkPolicy:
+    """SCV's policy as a benchmark engine starts it: settings as on the GPU, warmed up."""
+    policy = ChunkPolicy(ScvSettings("adaptive", MAX_CHUNK, 16, 16,
+                                     max_graph_tokens=MAX_GRAPH_TOKENS, lazy_draft_sync=True),
+                         StepCostModel(), seed=seed)
+    warm(policy, warm_batches, rng, noise)
+    return policy
 
 
 def warm(policy: ChunkPolicy, batches: list[int], rng: np.random.Generator,
@@ -200,18 +227,29 @@ def main() -> None:
                              "as the best such policy over no speculation")
     parser.add_argument("--unpriced", action="store_true",
                         help="also SCV without the catch-up's price (scv_unpriced)")
+    parser.add_argument("--sync-scheduling", action="store_true",
+                        help="SCV observes each step before planning the next (vLLM without "
+                             "async scheduling); by default it plans one step ahead")
+    parser.add_argument("--carry", action="store_true",
+                        help="SCV's policy (one per seed) carried from cell to cell in this "
+                             "order, workloads then batches, as one engine serves them in "
+                             "scv_bench.py; by default each cell starts a fresh one")
     parser.add_argument("--noise", type=float, default=0.05,
                         help="sigma of the step time's lognormal noise")
     args = parser.parse_args()
     others = ["no_spec"] + [f"fixed_k{k}" for k in (1, 2, 3, 4, 6, 8)]
     cells = []
+    carried = {seed: new_policy(seed, args.batches, np.random.default_rng(seed), args.noise)
+               for seed in range(args.seeds)} if args.carry else {}
     for workload in args.workloads:
         for batch in args.batches:
             tok_s = {}
             choices = []
             for name in [*others, *(["scv_unpriced"] if args.unpriced else []), "scv"]:
                 runs = [simulate(name, WORKLOADS[workload], batch, args.load, seed,
-                                 args.noise, args.batches) for seed in range(args.seeds)]
+                                 args.noise, args.batches, not args.sync_scheduling,
+                                 carried.get(seed) if name == "scv" else None)
+                        for seed in range(args.seeds)]
                 tok_s[name] = round(statistics.mean(r["tok_s"] for r in runs), 1)
                 if name.startswith("scv"):
                     choices = np.sum([r["budget_counts"] for r in runs], axis=0).tolist()
@@ -225,7 +263,8 @@ def main() -> None:
             if args.by_rate:
                 by_rate = {name: statistics.mean(
                     simulate(name, WORKLOADS[workload], batch, args.load, seed, args.noise,
-                             args.batches)["tok_s"] for seed in range(args.seeds))
+                             args.batches, not args.sync_scheduling)["tok_s"]
+                    for seed in range(args.seeds))
                     for name in (f"by_rate_{h}_{lo}" for h in range(9) for lo in range(3))}
                 top = max(by_rate, key=by_rate.get)
                 cells[-1]["by_rate_best"] = [top, round(by_rate[top] / tok_s["no_spec"], 3)]

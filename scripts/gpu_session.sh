@@ -23,17 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the twenty-third session ran batch 128 and 256 only, one group, and changed the
-# early exit of choose_sizes since): every cell as in
-# benchmarks/results/scv_settled_2026-11-23_h200.json, then the mix with eight requests per
-# slot, then spread output lengths at batch 128 and 256.
+# This plan (twenty-fourth session: the batch's prior over every request with a verdict, and
+# shared probes limited to what their catch-up share pays for): the cells of
+# benchmarks/results/scv_priced_catch_up_2026-11-23_h200.json again, then batch 1 and 32.
 stream0() {
-  step priced_all scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 128 256 \
-    --reps 2
-  step priced_mix_long scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
-    --workloads mixed_L1.2_and_full --reps 2 --load-multiple 8
-  step priced_spread scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 128 256 \
-    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 --output-lens 64 192
+  step prior_probes scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
+  step prior_probes_small scv_bench --policies no_spec fixed_k2 scv --batches 1 32 \
+    --workloads uniform_L1.5 mixed_L1.2_and_full --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -285,6 +285,26 @@ def test_a_new_request_starts_at_the_batchs_requests_not_at_their_drafts():
     assert estimator.rate("new") > 0.6  # alone (no batch evidence): the pooled drafts
 
 
+def test_a_batch_idle_at_chunk_0_keeps_its_requests_mean_not_the_pooled_drafts():
+    """The mix: half the batch accepts every draft, half rejects at once. It drafted two per
+    request for a while, then sat at chunk 0 longer than the window, so every request's own
+    evidence faded. The prior is still the requests' mean (about 1/2), not the pooled drafts
+    (2 accepted per accepting request against 1 rejection per rejecting one: 2/3). On the H200
+    the pool's prior made every request look alike at 0.75 on the mix at batch 128, and the
+    step planned before a probe's verdicts drafted 2 for the whole batch, where plain decoding
+    was best (``scv_priced_catch_up_2026-11-23_h200.json``)."""
+    estimator = AcceptanceEstimator(window=16)
+    batch = [f"r{i}" for i in range(16)]
+    for _ in range(20):
+        estimator.tick()
+        estimator.observe_many(batch, np.full(16, 2), np.array([2, 0] * 8))
+    for _ in range(64):  # four windows at chunk 0: nothing verified
+        estimator.tick()
+    rates = estimator.rates([*batch, "new"])
+    assert 0.4 < rates.mean() < 0.6
+    assert 0.4 < rates[-1] < 0.6
+
+
 def random_steps(true_cost: StepCost, count: int, seed: int = 1, requests=(64, 128)):
     """Steps of random budgets, tokens and graphs, with ``requests`` in ``[low, high)`` (one
     band of concurrency by default, 64-127)."""
@@ -621,6 +641,44 @@ def test_probe_steps_pay_what_they_measured_not_what_the_model_says():
     assert run.largest_probe > surcharge
     assert run.extra <= share * (run.plain + run.extra) + run.largest_probe, (
         run.extra / (run.plain + run.extra))
+
+
+def test_a_shared_probe_takes_the_requests_its_catch_up_share_pays_for():
+    """With the lazy draft sync, 24 requests that never accept sit at chunk 0, request i
+    falling behind by i + 1 positions a step. Once a catch-up has been measured (here 0.1 ms
+    per position), a shared probe step takes only the least behind, as many as probe_cost
+    of the time since the last one pays to catch up; before that, every due request. At batch
+    256 on the H200 every due request's catch-up took 34 ms per probe step, three plain steps."""
+    n, share, per_position = 24, 0.01, 1e-4
+    policy = compute_bound_policy(probe_interval=4, probe_cost=share)
+    policy.settings = ScvSettings("adaptive", K, 4, 16, probe_cost=share, lazy_draft_sync=True)
+    cost = policy.cost.coefficients
+    req_ids = [f"r{i}" for i in range(n)]
+    scheduled = {r: i + 1 for i, r in enumerate(req_ids)}
+    probed, since = [], 0.0
+    for _ in range(400):
+        rows = policy._requests.rows(req_ids)
+        behind = dict(zip(req_ids, policy._requests.columns["behind"][rows].tolist(),
+                          strict=True))
+        plan = policy.plan(req_ids, remaining=[10_000] * n, scheduled=scheduled)
+        budget, tokens = policy.draft_budget(), sum(scheduled.values()) + sum(plan.values())
+        seconds = cost.seconds(n, tokens, budget, False) + per_position * policy.caught_up
+        if policy.probes:
+            probed.append(([behind[r] for r in req_ids if r in policy.probes],
+                           [behind[r] for r in req_ids if r not in policy.probes], since))
+            since = 0.0
+        since += seconds
+        policy.observe_step(n, tokens, budget, seconds, learning=policy.learning_step,
+                            verified=sum(plan.values()), caught_up=policy.caught_up)
+        for req in req_ids:
+            verify(policy, req, plan, accept_all=False)
+    first, *later = probed
+    assert not first[1]  # no catch-up measured yet: every due request
+    assert len(later) >= 3, len(later)
+    for taken, left, since in later:
+        assert taken and left  # some, not all
+        assert max(taken) <= min(left)  # the least behind first
+        assert sum(taken) * per_position <= share * since * 1.01
 
 
 def test_a_learning_step_owes_what_its_drafts_cost_not_its_prompt_tokens():
