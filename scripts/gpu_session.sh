@@ -23,14 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (twenty-fourth session: the batch's prior over every request with a verdict, and
-# shared probes limited to what their catch-up share pays for): the cells of
-# benchmarks/results/scv_priced_catch_up_2026-11-23_h200.json again, then batch 1 and 32.
+# This plan (twenty-fourth session, second machine: the batch's prior over every request with
+# a verdict, shared probes of every due request as before): the cells of
+# benchmarks/results/scv_priced_catch_up_2026-11-23_h200.json again.
 stream0() {
-  step prior_probes scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step prior_only scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
-  step prior_probes_small scv_bench --policies no_spec fixed_k2 scv --batches 1 32 \
-    --workloads uniform_L1.5 mixed_L1.2_and_full --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)

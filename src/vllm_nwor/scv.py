@@ -534,10 +534,6 @@ class ChunkPolicy:
         """Observed steps and their seconds, by draft budget (diagnostics)."""
         self._last_probe_step = 0  # the last shared probe step
         self._balance = 0.0  # the ledger (observe_step): at most 0; below, what is owed
-        self._since_probe = 0.0  # seconds observed since the last shared probe step
-        # Positions caught up and their measured seconds over the same steps priced without
-        # the catch-up (observe_step): what a shared probe's catch-up costs per position.
-        self._catch_ups = [0, 0.0]
         self.learning_step = False
         """Whether this step's plan is one taken to learn: a shared probe step, or a random plan
         where the cost model does not price the concurrency yet (paid from the ledger)."""
@@ -596,11 +592,6 @@ class ChunkPolicy:
             self.budget_seconds[budget][0] += 1
             self.budget_seconds[budget][1] += seconds
         self._balance = min(0.0, self._balance + self.settings.probe_cost * seconds)
-        self._since_probe += seconds
-        if caught_up > 0 and self.cost.priced():
-            without = self.cost.coefficients.seconds(requests, tokens, budget, not on_graph)
-            self._catch_ups[0] += caught_up
-            self._catch_ups[1] += max(0.0, seconds - without)
         if learning and self.cost.priced():
             plain_tokens = tokens - verified
             plain = self.cost.coefficients.seconds(requests, plain_tokens, 0, not on_full_graph(
@@ -714,10 +705,7 @@ class ChunkPolicy:
             probe = idle & (step - idle_from + 1 >= columns["probe_wait"][rows])
             if probe.any() and not drafting:  # a step drafting only to probe: paid for?
                 if self._balance >= 0:  # nothing owed (observe_step)
-                    probe = self._affordable(probe, rows)
-                if self._balance >= 0 and probe.any():
                     self._last_probe_step = step
-                    self._since_probe = 0.0
                     self.learning_step = True
                 else:
                     probe[:] = False
@@ -728,27 +716,6 @@ class ChunkPolicy:
                 self.probes = frozenset(req_ids[i] for i in np.flatnonzero(probe))
         columns["idle_from"][rows] = idle_from
         return sizes
-
-    def _affordable(self, probe: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The due requests (``probe``) a shared probe step takes: the least behind first,
-        as many as ``probe_cost`` of the time since the last shared probe step pays to catch
-        up, at what a position caught up has cost so far (none until that pays for the least
-        behind: the probe waits). Probing every due request at batch 256 caught the draft
-        up over about 25,000 positions per probe step on the H200 (34 ms, three plain steps),
-        and the ledger then held every probe off for seconds; a few requests' verdicts give
-        the batch's prior (:class:`AcceptanceEstimator`) all the same. Without the lazy draft
-        sync, or before any catch-up was measured, every due request."""
-        positions, seconds = self._catch_ups
-        if not self.settings.lazy_draft_sync or seconds <= 0:
-            return probe
-        allowance = self.settings.probe_cost * self._since_probe * positions / seconds
-        due = np.flatnonzero(probe)
-        behind = self._requests.columns["behind"][rows[due]]
-        order = np.argsort(behind, kind="stable")
-        taken = due[order[np.cumsum(behind[order]) <= allowance]]
-        affordable = np.zeros_like(probe)
-        affordable[taken] = True
-        return affordable
 
     def _explore_near(self, sizes: np.ndarray) -> np.ndarray:
         """A plan near the chosen one: the drafting requests' chunks set to a budget up to two

@@ -643,44 +643,6 @@ def test_probe_steps_pay_what_they_measured_not_what_the_model_says():
         run.extra / (run.plain + run.extra))
 
 
-def test_a_shared_probe_takes_the_requests_its_catch_up_share_pays_for():
-    """With the lazy draft sync, 24 requests that never accept sit at chunk 0, request i
-    falling behind by i + 1 positions a step. Once a catch-up has been measured (here 0.1 ms
-    per position), a shared probe step takes only the least behind, as many as probe_cost
-    of the time since the last one pays to catch up; before that, every due request. At batch
-    256 on the H200 every due request's catch-up took 34 ms per probe step, three plain steps."""
-    n, share, per_position = 24, 0.01, 1e-4
-    policy = compute_bound_policy(probe_interval=4, probe_cost=share)
-    policy.settings = ScvSettings("adaptive", K, 4, 16, probe_cost=share, lazy_draft_sync=True)
-    cost = policy.cost.coefficients
-    req_ids = [f"r{i}" for i in range(n)]
-    scheduled = {r: i + 1 for i, r in enumerate(req_ids)}
-    probed, since = [], 0.0
-    for _ in range(400):
-        rows = policy._requests.rows(req_ids)
-        behind = dict(zip(req_ids, policy._requests.columns["behind"][rows].tolist(),
-                          strict=True))
-        plan = policy.plan(req_ids, remaining=[10_000] * n, scheduled=scheduled)
-        budget, tokens = policy.draft_budget(), sum(scheduled.values()) + sum(plan.values())
-        seconds = cost.seconds(n, tokens, budget, False) + per_position * policy.caught_up
-        if policy.probes:
-            probed.append(([behind[r] for r in req_ids if r in policy.probes],
-                           [behind[r] for r in req_ids if r not in policy.probes], since))
-            since = 0.0
-        since += seconds
-        policy.observe_step(n, tokens, budget, seconds, learning=policy.learning_step,
-                            verified=sum(plan.values()), caught_up=policy.caught_up)
-        for req in req_ids:
-            verify(policy, req, plan, accept_all=False)
-    first, *later = probed
-    assert not first[1]  # no catch-up measured yet: every due request
-    assert len(later) >= 3, len(later)
-    for taken, left, since in later:
-        assert taken and left  # some, not all
-        assert max(taken) <= min(left)  # the least behind first
-        assert sum(taken) * per_position <= share * since * 1.01
-
-
 def test_a_learning_step_owes_what_its_drafts_cost_not_its_prompt_tokens():
     """What the GPU showed at batch 128: random plans of the warm-up fell on steps that also
     ran 16,000 prompt tokens (360-400 ms each); priced against a plain decode step, the three
