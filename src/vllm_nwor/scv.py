@@ -159,14 +159,13 @@ class AcceptanceEstimator:
     and a probe can bring it back. The prior is worth one observation: where the traffic is,
     so a new request starts there and a request that never accepts is not kept far from 0.
     For a batch (:meth:`rates`) that is the mean of its requests' own acceptance, each request
-    with a verdict counted once, however long ago (forgetting scales both its counts alike):
-    pooling their drafts instead would weigh each request by the drafts it was given, and the
-    policy gives most to those that accept (with half the requests accepting everything and
-    half nothing, the pool said 0.9, and every new request was given drafts until its own
-    rejections outweighed that). Where no request of the batch has a verdict, it is the
-    engine's recent acceptance over all drafts (the same counts, pooled, forgetting per verify
-    step rather than per step; the Jeffreys prior, half an acceptance and half a rejection, for
-    the pool).
+    with some evidence counted once: pooling their drafts instead would weigh each request by
+    the drafts it was given, and the policy gives most to those that accept (with half the
+    requests accepting everything and half nothing, the pool said 0.9, and every new request
+    was given drafts until its own rejections outweighed that). Where no request of the batch
+    has evidence, it is the engine's recent acceptance over all drafts (the same counts, pooled,
+    forgetting per verify step rather than per step; the Jeffreys prior, half an acceptance and
+    half a rejection, for the pool).
     """
 
     def __init__(self, window: int) -> None:
@@ -216,16 +215,8 @@ class AcceptanceEstimator:
         """Each request's acceptance probability, with the batch's prior (see the class)."""
         accepted, rejected = self._decayed(self._table.rows(req_ids))
         evidence = accepted + rejected
-        # Each request's prior is the mean of the other requests' own ratios. A ratio does not
-        # fade (both counts decay alike), so a request counts however long ago its last
-        # verdict was: counting only those with an observation's worth left fell back to the
-        # pool whenever the batch sat at chunk 0 for a few windows. Its own ratio is left out,
-        # or a request alone would be its own prior (a first rejection held it at 0).
-        seen = evidence > 0.0
-        ratio = np.divide(accepted, evidence, out=np.zeros_like(evidence), where=seen)
-        others = seen.sum() - seen
-        prior = np.divide(ratio.sum() - ratio, others, out=np.full_like(evidence, self._prior),
-                          where=others > 0)
+        seen = evidence >= 1.0
+        prior = float(np.mean(accepted[seen] / evidence[seen])) if seen.any() else self._prior
         return (accepted + prior) / (evidence + 1.0)
 
     def forget(self, req_id: str) -> None:

@@ -285,26 +285,6 @@ def test_a_new_request_starts_at_the_batchs_requests_not_at_their_drafts():
     assert estimator.rate("new") > 0.6  # alone (no batch evidence): the pooled drafts
 
 
-def test_a_batch_idle_at_chunk_0_keeps_its_requests_mean_not_the_pooled_drafts():
-    """The mix: half the batch accepts every draft, half rejects at once. It drafted two per
-    request for a while, then sat at chunk 0 longer than the window, so every request's own
-    evidence faded. The prior is still the requests' mean (about 1/2), not the pooled drafts
-    (2 accepted per accepting request against 1 rejection per rejecting one: 2/3). On the H200
-    the pool's prior made every request look alike at 0.75 on the mix at batch 128, and the
-    step planned before a probe's verdicts drafted 2 for the whole batch, where plain decoding
-    was best (``scv_priced_catch_up_2026-11-23_h200.json``)."""
-    estimator = AcceptanceEstimator(window=16)
-    batch = [f"r{i}" for i in range(16)]
-    for _ in range(20):
-        estimator.tick()
-        estimator.observe_many(batch, np.full(16, 2), np.array([2, 0] * 8))
-    for _ in range(64):  # four windows at chunk 0: nothing verified
-        estimator.tick()
-    rates = estimator.rates([*batch, "new"])
-    assert 0.4 < rates.mean() < 0.6
-    assert 0.4 < rates[-1] < 0.6
-
-
 def random_steps(true_cost: StepCost, count: int, seed: int = 1, requests=(64, 128)):
     """Steps of random budgets, tokens and graphs, with ``requests`` in ``[low, high)`` (one
     band of concurrency by default, 64-127)."""
