@@ -23,9 +23,9 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (twenty-fourth session, second machine: the batch's prior over every request with
-# a verdict, shared probes of every due request as before): the cells of
-# benchmarks/results/scv_priced_catch_up_2026-11-23_h200.json again.
+# This plan (as the twenty-fourth session's second machine ran it; the prior change that run
+# measured was reverted after it, so scv.py is as in
+# benchmarks/results/scv_priced_catch_up_2026-11-23_h200.json): those cells again.
 stream0() {
   step prior_only scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
