@@ -23,12 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (as the twenty-fourth session's second machine ran it; the prior change that run
-# measured was reverted after it, so scv.py is as in
-# benchmarks/results/scv_priced_catch_up_2026-11-23_h200.json): those cells again.
+# This plan (the twenty-fifth session): the cells where SCV never drafted in the last two runs
+# (the ledger owed 0.4 s from one warm-up step planned at budget 0), with the ledger mended;
+# then batch 32.
 stream0() {
-  step prior_only scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step ledger_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
+  step ledger_b32 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 32 \
+    --workloads uniform_L1.5 uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -677,6 +677,40 @@ def test_random_plans_where_nothing_is_priced_are_paid_from_the_ledger():
     assert run.extra <= 0.01 * (run.plain + run.extra) + run.largest_probe
 
 
+def test_a_random_plan_that_drafts_nothing_owes_nothing():
+    """Random plans at a concurrency the model does not price are learning steps only where
+    they draft: on the H200 a warm-up step planned at budget 0 took 786 ms where 350 were
+    priced, owed the ledger 0.4 s, and no shared probe came through six cells after it."""
+    cost = StepCostModel(window=1000, min_steps=32)
+    for step in random_steps(StepCost(0.002, 1e-3, 0, 1e-5, 0), 64, requests=(128, 256)):
+        cost.observe(*step)
+    policy = ChunkPolicy(ScvSettings("adaptive", K, 4, 16), cost)
+    batch = [f"r{i}" for i in range(40)]
+    drafting = set()
+    for _ in range(30):
+        plan = policy.plan(batch)
+        assert policy.learning_step == any(plan.values())
+        drafting.add(policy.learning_step)
+    assert drafting == {False, True} and policy.unpriced_plans == 30
+
+
+def test_one_slow_learning_step_owes_what_its_neighbours_did():
+    """A learning step slowed by something of its own (a host pause, a compile) owes what the
+    learning steps before it took over their price, not its own delay; the same surcharge on
+    every learning step counts in full
+    (test_probe_steps_pay_what_they_measured_not_what_the_model_says)."""
+    policy = compute_bound_policy(probe_interval=4, probe_cost=0.01)
+    cost = policy.cost.coefficients
+    n, budget = 40, 2
+    price = cost.seconds(n, n + n * budget, budget, True)  # no graphs in this engine
+    owed = price - cost.seconds(n, n, 0, True)  # its drafts over the same step without them
+    for delay in (0.001, 0.002, 0.4):
+        policy.observe_step(n, n + n * budget, budget, price + delay, learning=True,
+                            verified=n * budget)
+    assert policy.learning_excess[0] == 3
+    assert policy.learning_excess[1] == pytest.approx(3 * owed + 0.001 + 0.0015 + 0.002)
+
+
 def test_fixed_mode_verifies_full_chunks():
     fixed = ChunkPolicy(ScvSettings("fixed", 2, 4, 4))
     assert fixed.plan(["a", "b"]) == {"a": 2, "b": 2} and fixed.draft_budget() == 2
