@@ -382,6 +382,10 @@ def scv_policy(llm):
     return getattr(scheduler_of(llm), POLICY_ATTR, None)
 
 
+SMALL_WARM_BATCHES = (1, 3)
+"""Batch sizes :func:`warm_every_chunk` also runs at every chunk size."""
+
+
 def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[int]:
     """A warm-up run of ``batch_prompts``, first with SCV fixed at every chunk size in turn,
     0 included.
@@ -396,6 +400,12 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     L=1.5, where a budget-1 step took 1.8x a plain one for 1.34x its tokens). The
     warm-up's verdicts are not the workload's (its drafts are all accepted): SCV's acceptance
     estimates start afresh after it, or the first measured steps drafted the whole budget.
+    Each chunk size also runs one request alone and three together
+    (:data:`SMALL_WARM_BATCHES`): Triton specializes a kernel's integer arguments on being 1
+    or a multiple of 16, and the full batch, every request finishing in the same step, never
+    drafted for so few requests. On the H200 SCV's first drafting steps at a handful of
+    requests took 0.3-0.7 s (the step before them, under async scheduling, 0.1-0.7 s), up to
+    30% of a measured run.
     Returns the chunk sizes warmed: none where no SCV policy is in reach."""
     from dataclasses import replace
 
@@ -410,6 +420,8 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
             for chunk in chunks:
                 policy.settings = replace(settings, mode="fixed", max_chunk=chunk)
                 llm.generate(inputs, params, use_tqdm=False)
+                for small in SMALL_WARM_BATCHES:
+                    llm.generate(inputs[:small], params[:small], use_tqdm=False)
         finally:
             policy.settings = settings
     llm.generate(inputs, params, use_tqdm=False)

@@ -23,14 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the twenty-fifth session): the cells where SCV never drafted in the last two runs
-# (the ledger owed 0.4 s from one warm-up step planned at budget 0), with the ledger mended;
-# then batch 32.
+# This plan (the twenty-fifth session's second machine): the cells of the first again, with the
+# warm-up also drafting for one request alone and three together at every chunk size (the
+# first machine's SCV steps stalled 0.1-0.7 s where drafting resumed at a handful of requests).
 stream0() {
-  step ledger_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+  step small_warm_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
-  step ledger_b32 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 32 \
-    --workloads uniform_L1.5 uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)

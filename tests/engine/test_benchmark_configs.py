@@ -228,7 +228,8 @@ def test_engine_core_in_its_own_process_keeps_each_engines_environment():
 def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models):
     """The GPU benchmarks' warm-up, on the real CPU engine: SCV verifies every chunk size, 0
     included (so vLLM's speculative kernels meet every draft budget before a measured run, and
-    the cost model sees plain steps), then runs adaptive again; an engine without SCV just
+    the cost model sees plain steps), at the whole batch and for one request alone, then runs
+    adaptive again; an engine without SCV just
     runs. The benchmark's trace records the budget changes and every step observed."""
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
@@ -246,6 +247,8 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
         assert chunks == [0, 1, 2, 3] and all(planned[chunk] > 0 for chunk in chunks), planned
         assert {change[1] for change in changes} >= {1, 2, 3}  # the budgets it moved to
         assert {len(step) for step in steps} == {8} and {s[2] for s in steps} >= {0, 1, 2, 3}
+        # every budget drafted for a request alone too (gpu_engines.SMALL_WARM_BATCHES)
+        assert {s[2] for s in steps if s[0] == 1} >= {1, 2, 3}
         # drafts verified: some, and within the step's tokens beyond one per request
         assert max(s[6] for s in steps) > 0 and all(0 <= s[6] <= s[1] - s[0] for s in steps)
         assert policy.settings is settings and settings.mode == "adaptive"
