@@ -537,6 +537,12 @@ class ChunkPolicy:
         self.unpriced_plans = 0
         """Random plans at a concurrency the cost model did not price (diagnostics)."""
 
+    @property
+    def ledger(self) -> float:
+        """The probes' ledger in seconds (:meth:`observe_step`): 0, or below it what learning
+        steps still owe; no shared probe step comes while it owes."""
+        return self._balance
+
     # -- what happened ---------------------------------------------------------------------
 
     def observe(self, chunks: Iterable[SpecChunk]) -> None:
