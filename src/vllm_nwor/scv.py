@@ -511,9 +511,11 @@ class ChunkPolicy:
         # idle_from: the step a request's current run at chunk 0 began (-1: not at chunk 0);
         # probe_wait: steps at chunk 0 before its next probe; awaiting: a probe's verdict is due.
         # behind: positions without draft K/V (lazy draft sync), as of this step's plan;
-        # planned: the request's chunk in the last plan (0 where it was not in it).
+        # planned: the request's chunk in the last plan (0 where it was not in it);
+        # steps, made: the steps it was planned in and the tokens they made it (choose_sizes'
+        # history).
         self._requests = RequestTable(idle_from=-1, probe_wait=settings.probe_interval,
-                                      awaiting=0, behind=0, planned=0)
+                                      awaiting=0, behind=0, planned=0, steps=0, made=0)
         self._planned_rows = np.zeros(0, dtype=np.intp)  # the last plan's rows
         self.caught_up = 0
         """Positions the lazy draft sync catches up in this plan's step (the requests it
@@ -556,6 +558,7 @@ class ChunkPolicy:
         self.acceptance.observe_many(req_ids, sizes, accepted)
         rows = self._requests.rows(req_ids)
         columns = self._requests.columns
+        columns["made"][rows] += accepted
         # A rejected draft's position is no position behind: the sequence rolls back over it
         # (a request whose tokens joined its gap this step is behind by more than that).
         behind = columns["behind"]
@@ -642,6 +645,9 @@ class ChunkPolicy:
         planned[self._planned_rows] = 0  # (a row freed since holds 0 again when reused)
         planned[rows] = sizes
         self._planned_rows = rows
+        columns = self._requests.columns
+        columns["steps"][rows] += 1  # each step makes each request one token, and its
+        columns["made"][rows] += 1  # accepted drafts (observe)
         short = np.flatnonzero(sizes < self._budget)
         self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
         self.budget_counts[self._budget] += 1
@@ -690,8 +696,10 @@ class ChunkPolicy:
             return sizes
         step = self.acceptance.steps
         rates = self.acceptance.rates(req_ids)
-        # The batch is taken to be what the last plan settled into (choose_sizes).
-        last = self._requests.columns["planned"][rows]
+        # The batch is what its requests' own history settled it into (choose_sizes).
+        columns = self._requests.columns
+        last = columns["planned"][rows]
+        history = (columns["made"][rows], columns["steps"][rows])
         cost = self.cost.coefficients
         catch_up = None
         if self.settings.lazy_draft_sync and remaining is not None and (
@@ -703,8 +711,8 @@ class ChunkPolicy:
             pass_share = cost.catching_up / max(int(np.count_nonzero(behind)), 1)
             catch_up = np.where(behind > 0, pass_share + cost.per_caught_up * behind, 0) / left
         sizes = choose_sizes(rates, k, cost, self.settings.max_graph_tokens,
-                             settled_under=last, mixed_graphs=self.settings.mixed_graphs,
-                             catch_up=catch_up)
+                             settled_under=last, history=history,
+                             mixed_graphs=self.settings.mixed_graphs, catch_up=catch_up)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
@@ -758,8 +766,10 @@ class ChunkPolicy:
 
 def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
                  max_graph_tokens: int | None = None, *,
-                 settled_under: np.ndarray | None = None, mixed_graphs: bool = False,
-                 catch_up: np.ndarray | None = None, exit_early: bool = True) -> np.ndarray:
+                 settled_under: np.ndarray | None = None,
+                 history: tuple[np.ndarray, np.ndarray] | None = None,
+                 mixed_graphs: bool = False, catch_up: np.ndarray | None = None,
+                 exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's output rate in steady state under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan gives request ``i`` a chunk
@@ -777,6 +787,14 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     instead drafted, on the GPU, for the accepting half of a mixed batch at batch 32 to 256
     and lost 3-31% to plain decoding, because the accepting requests left and the batch became
     the rejecting half, each step still paying for a draft pass over every request.
+
+    ``history``: each request's tokens made and steps taken in the batch so far. The batch
+    holds what the plans over its requests' stay settled it into, not what the last plan
+    would: ``w_i`` is then request ``i``'s tokens per step so far, the last plan's ``E_i``
+    counted as one more step. On the H200 a mixed batch at 128 that had decoded plainly for a
+    hundred steps met one step drafting its accepting half; taken as settled under that plan,
+    it valued drafting for every request above plain decoding, and so on, 160 of 500 steps at
+    budget 1 (0.74 of plain decoding, ``scv_small_warm_2026-11-23_h200.json``).
 
     ``catch_up``: per request, the seconds its catch-up costs (the lazy draft sync's pass over
     the positions it skipped) per token it has left to generate. A plan that drafts it pays
@@ -805,6 +823,9 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     gain = np.cumsum(a ** budgets[:, None], axis=0)  # gain[c, i]: request i's tokens at chunk c
     columns = np.arange(n)
     w = gain[0 if settled_under is None else settled_under, columns]  # arrival weights
+    if history is not None:  # each request's tokens per step so far; the plan is one step
+        made, steps = history
+        w = (made + w) / (steps + 1)
     # charge[c, i]: what drafting request i at chunk c pays for its catch-up each step
     charge = np.zeros_like(gain) if catch_up is None else gain * catch_up
     charge[0] = 0.0
