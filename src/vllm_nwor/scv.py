@@ -791,10 +791,10 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     ``history``: each request's tokens made and steps taken in the batch so far. The batch
     holds what the plans over its requests' stay settled it into, not what the last plan
     would: ``w_i`` is then request ``i``'s tokens per step so far, the last plan's ``E_i``
-    counted as one more step. On the H200 a mixed batch at 128 that had decoded plainly for a
-    hundred steps met one step drafting its accepting half; taken as settled under that plan,
-    it valued drafting for every request above plain decoding, and so on, 160 of 500 steps at
-    budget 1 (0.74 of plain decoding, ``scv_small_warm_2026-11-23_h200.json``).
+    counted as one more step. On the H200 a mixed batch at 128 that had decoded plainly for
+    thirty steps met a probe step drafting part of it; taken as settled under that plan, it
+    valued drafting for every request above plain decoding, and verified a draft for all 128
+    requests for the next 42 steps (``scv_small_warm_2026-11-23_h200.json``).
 
     ``catch_up``: per request, the seconds its catch-up costs (the lazy draft sync's pass over
     the positions it skipped) per token it has left to generate. A plan that drafts it pays

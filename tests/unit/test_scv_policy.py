@@ -133,10 +133,10 @@ def test_a_batch_settled_under_a_plan_values_it_as_its_next_step():
 
 def test_a_batch_is_what_its_requests_history_settled_it_into_not_the_last_plan():
     """The H200's mix at batch 128 (half the requests accept nearly every draft, half 1 in
-    6; its fit then): after a hundred plain steps one step drafted the accepting half. Taken
-    as settled under that plan the batch valued drafting for every request above plain
-    decoding, and spent 160 of 500 steps at budget 1 (0.74 of plain decoding). Its requests'
-    own history (a token per step) says plain decoding."""
+    6; its fit then): after thirty plain steps a probe step drafted part of the batch. Taken
+    as settled under a plan drafting the accepting half, the batch values drafting for every
+    request above plain decoding (on the H200 it then did so for 42-45 steps). Its requests' own
+    history (a token per step) says plain decoding."""
     fit = StepCost(4.787e-3, 2.3e-5, 3.85e-4, 7e-6, 1.375e-3, 4.47e-4, 4.389e-3)
     rates = np.repeat([0.98, 0.17], 64)
     last = np.repeat([1, 0], 64)
