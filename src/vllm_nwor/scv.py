@@ -792,7 +792,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     holds what the plans over its requests' stay settled it into, not what the last plan
     would: ``w_i`` is then request ``i``'s tokens per step so far, the last plan's ``E_i``
     counted as one more step. On the H200 a mixed batch at 128 that had decoded plainly for
-    thirty steps met a probe step drafting part of it; taken as settled under that plan, it
+    fifteen steps met a probe step drafting part of it; taken as settled under that plan, it
     valued drafting for every request above plain decoding, and verified a draft for all 128
     requests for the next 42 steps (``scv_small_warm_2026-11-23_h200.json``).
 

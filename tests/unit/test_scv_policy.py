@@ -133,7 +133,7 @@ def test_a_batch_settled_under_a_plan_values_it_as_its_next_step():
 
 def test_a_batch_is_what_its_requests_history_settled_it_into_not_the_last_plan():
     """The H200's mix at batch 128 (half the requests accept nearly every draft, half 1 in
-    6; its fit then): after thirty plain steps a probe step drafted part of the batch. Taken
+    6; its fit then): after fifteen plain steps a probe step drafted part of the batch. Taken
     as settled under a plan drafting the accepting half, the batch values drafting for every
     request above plain decoding (on the H200 it then did so for 42-45 steps). Its requests' own
     history (a token per step) says plain decoding."""
