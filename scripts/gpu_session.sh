@@ -25,10 +25,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 
 # This plan (for the twenty-sixth session): the settled batch from each request's history
 # (13532e8) at batch 128 and 256, where the mix at 128 drafted for every request in stretches
-# (scv_small_warm_2026-11-23_h200.json); then batch 1 and 32.
+# (scv_small_warm_2026-11-23_h200.json); the same cells with spread output lengths (equal ones
+# make plain decoding two lock-step waves, which a probe breaks: docs/scv.md, twenty-fifth
+# session); then batch 1 and 32.
 stream0() {
   step history_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
+  step history_spread_b128_b256 scv_bench --policies no_spec fixed_k2 scv \
+    --batches 128 256 --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 \
+    --output-lens 64 192
   step history_b1_b32 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 \
     --workloads uniform_L1.5 uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
 }
