@@ -21,11 +21,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.dirname(__file__))
 
+from scv_bench import workloads  # noqa: E402
 from vllm_nwor.scv import ChunkPolicy, ScvSettings  # noqa: E402
-
-WORKLOAD_ORDER = ["uniform_L1.5", "uniform_L3", "uniform_L4", "mixed_L1.2_and_full"]
-"""``scv_bench.workloads()``'s order, the order one engine serves them in."""
 
 
 def main() -> None:
@@ -35,7 +34,8 @@ def main() -> None:
     parser.add_argument("--max-chunk", type=int, default=8)
     parser.add_argument("--drafting-only", action="store_true")
     args = parser.parse_args()
-    result = json.load(open(args.result))
+    with open(args.result) as f:
+        result = json.load(f)
     cells = {(c["batch"], c["workload"]): c for c in result["cells"]}
     graphs = next(c["scv_choices_by_group"][args.group]["graphs"] for c in result["cells"])
     policy = ChunkPolicy(ScvSettings("adaptive", args.max_chunk, 16, 16,
@@ -62,7 +62,7 @@ def main() -> None:
     for batch in batches:
         if str(batch) in warm:
             replay(f"warm-up {batch}", warm[str(batch)]["steps"])
-    for workload in WORKLOAD_ORDER:
+    for workload in workloads():  # the order one engine serves them in
         for batch in batches:
             cell = cells.get((batch, workload))
             if cell is None:

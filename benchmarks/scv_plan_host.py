@@ -31,13 +31,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import environment, write_result  # noqa: E402
+from scv_sim import WORKLOADS  # noqa: E402
 from vllm_nwor import scv  # noqa: E402
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk, StepCost  # noqa: E402
 
 H200_B256_L3 = StepCost(4.595e-3, 2.3e-5, 0.0, 5e-6, 4.78e-3, 1.784e-3, 7.483e-3, 0.0,
                         0.0, 5e-6, 0.0, 0.0)
-WORKLOADS = {"uniform_L1.5": [0.336], "uniform_L3": [0.741], "uniform_L4": [0.888],
-             "mixed_L1.2_and_full": [0.167, 1.0]}
 
 
 def drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int = 0,

@@ -641,11 +641,11 @@ class ChunkPolicy:
         if self.settings.lazy_draft_sync and scheduled is not None:
             self.caught_up = self._follow_draft_sync(rows[sizes > 0], scheduled)
         self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
-        planned = self._requests.columns["planned"]
+        columns = self._requests.columns
+        planned = columns["planned"]
         planned[self._planned_rows] = 0  # (a row freed since holds 0 again when reused)
         planned[rows] = sizes
         self._planned_rows = rows
-        columns = self._requests.columns
         columns["steps"][rows] += 1  # each step makes each request one token, and its
         columns["made"][rows] += 1  # accepted drafts (observe)
         short = np.flatnonzero(sizes < self._budget)
@@ -704,7 +704,7 @@ class ChunkPolicy:
         catch_up = None
         if self.settings.lazy_draft_sync and remaining is not None and (
                 cost.per_caught_up or cost.catching_up):
-            behind = self._requests.columns["behind"][rows]
+            behind = columns["behind"][rows]
             left = np.maximum(np.fromiter(remaining, dtype=float, count=len(req_ids)), 1.0)
             # The pass's own cost shared by the requests behind (drafted together, as a
             # batch that drafts again is).
@@ -717,7 +717,6 @@ class ChunkPolicy:
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
         # that drafts anyway, or on the shared probe step.
-        columns = self._requests.columns
         idle = sizes == 0
         idle_from = np.where(idle, columns["idle_from"][rows], -1)
         idle_from[idle & (idle_from < 0)] = step
