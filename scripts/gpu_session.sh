@@ -23,17 +23,20 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the twenty-sixth session): the settled batch from each request's history
-# (13532e8) at batch 128 and 256, where the mix at 128 drafted for every request in stretches
-# (scv_small_warm_2026-11-23_h200.json); the same cells with spread output lengths (equal ones
-# make plain decoding two lock-step waves, which a probe breaks: docs/scv.md, twenty-fifth
-# session); then batch 1 and 32.
+# This plan (for the twenty-sixth session): NWOR first. The kernel tests on the merge kernel
+# whose prefix loads now come before the chunk's loop; the GPU time of a verify step's 32 layers
+# replayed as a CUDA graph, vLLM's against NWOR's, for the code before (_before/src, a copy of
+# the last commit that travels untracked) and after; NWOR on/off beside an A/A control at batch
+# 8 and 32 with the host work per step cut. Then SCV: the settled batch from each request's
+# history (13532e8) at batch 128 and 256, then batch 1 and 32.
 stream0() {
+  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
+  [ -d _before/src ] && NWOR_SRC=$PWD/_before step layer_gpu_before nwor_layer_gpu --label before
+  step layer_gpu_after nwor_layer_gpu --label after
+  step aa_dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 --reps 3 \
+    --min-requests 32 --aa
   step history_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
     --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
-  step history_spread_b128_b256 scv_bench --policies no_spec fixed_k2 scv \
-    --batches 128 256 --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2 \
-    --output-lens 64 192
   step history_b1_b32 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 \
     --workloads uniform_L1.5 uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
 }

@@ -7,6 +7,7 @@
 #   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
 #   scripts/gpu_suite.sh nwor_layer_host ARGS  benchmarks/nwor_layer_host.py (NWOR_SRC=<dir>: the
 #                                              plugin's code from <dir>/src, another version)
+#   scripts/gpu_suite.sh nwor_layer_gpu ARGS   benchmarks/nwor_layer_gpu.py (NWOR_SRC as above)
 #   scripts/gpu_suite.sh install               the install alone
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
 # (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
@@ -39,9 +40,9 @@ case "$what" in
     log="${STEP:-gpu-tests}"
     python3 -m pytest -q -p no:cacheprovider -rs -s --junitxml="$out/$log.xml" "$@" 2>&1 \
       | tee "$out/$log.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
-  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host)
+  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu)
     python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu [args]" >&2; exit 2 ;;
 esac

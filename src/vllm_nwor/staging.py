@@ -111,6 +111,7 @@ class IndexUploader:
         self._events: list = [None, None]
         self._turn = 0
         self._held: object = None  # the key of what the device buffer holds, if known
+        self._built: object = None  # what a caller built on the held upload (remember)
 
     @property
     def capacity(self) -> int:
@@ -126,6 +127,16 @@ class IndexUploader:
         self._held = None  # the caller may write them
         return self._device_buffer[:n]
 
+    def recall(self, key: object) -> object:
+        """What :meth:`remember` kept for ``key``, while the device buffer still holds the
+        upload of that key; else None."""
+        return self._built if key is not None and key == self._held else None
+
+    def remember(self, key: object, built: object) -> None:
+        """Keeps ``built`` (made from the upload of ``key``) until the buffer changes."""
+        if key is not None and key == self._held:
+            self._built = built
+
     def upload(self, array: np.ndarray, key: object = None) -> torch.Tensor:
         """The device copy of ``array``. With a ``key`` (anything that identifies the array's
         contents) nothing is copied when the buffer already holds what that key named."""
@@ -134,7 +145,7 @@ class IndexUploader:
             raise StagingOverflow(f"{n} step indices exceed the upload buffer of {self.capacity}")
         if key is not None and key == self._held:
             return self._device_buffer[:n]
-        self._held = key
+        self._held, self._built = key, None
         turn, self._turn = self._turn, self._turn ^ 1
         if self._events[turn] is not None:
             self._events[turn].synchronize()
@@ -176,7 +187,8 @@ class VerifyStep:
 
         Returns ``None`` when no request has drafts. With an ``uploader`` the indices reach the
         device in one copy that does not sync the stream, and not at all when they are those
-        of the uploader's last step (a decode batch that keeps its shape).
+        of the uploader's last step (a decode batch that keeps its shape): that step is then
+        returned again, its views unchanged.
         """
         counts = np.asarray(num_draft_tokens, dtype=np.int64)
         qsl = np.asarray(query_start_loc, dtype=np.int64)[: len(counts) + 1]
@@ -185,6 +197,10 @@ class VerifyStep:
                 f"query_start_loc has {len(qsl)} entries, expected {len(counts) + 1}"
             )
         key = (counts.tobytes(), qsl.tobytes())
+        if uploader is not None:
+            step = uploader.recall(key)
+            if step is not None:  # the last step's indices, still on the device
+                return step
         packed, spans = _step_indices(*key)
         if packed is None:
             return None
@@ -193,17 +209,20 @@ class VerifyStep:
         else:
             uploaded = uploader.upload(packed, key)
         views = [uploaded.narrow(0, start, length) for start, length in spans]
-        return cls(
+        step = cls(
             num_draft_tokens=tuple(counts.tolist()),
             draft_rows=views[1],
             token_req=views[2],
             token_pos=views[3],
             row_stage_index=views[0],
         )
+        if uploader is not None:
+            uploader.remember(key, step)
+        return step
 
     @property
     def num_tokens(self) -> int:
-        return len(self.draft_rows)
+        return self.draft_rows.shape[0]
 
     def verdict(self, sampled_token_ids: torch.Tensor, committed: torch.Tensor) -> Verdict:
         """The step's verdict in the rejection sampler's output (``[num_reqs, max_spec_len +
@@ -276,6 +295,7 @@ class StagingBuffer:
         self.value = torch.zeros(shape, dtype=dtype, device=device)
         self.slot_mapping = torch.full((max_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
         self._staged = np.zeros((num_layers, max_tokens), dtype=bool)  # by stage()
+        self._dirty = False  # whether stage() stored a token since the last reset
         self._complete = [False] * num_layers  # by mark_staged(): a list, cheap per layer
         self.num_tokens = 0
 
@@ -293,7 +313,9 @@ class StagingBuffer:
             raise StagingOverflow(
                 f"{num_tokens} draft tokens do not fit a staging buffer of {self.max_tokens}"
             )
-        self._staged[:] = False
+        if self._dirty:  # a fused stage (mark_staged) never sets _staged
+            self._staged[:] = False
+            self._dirty = False
         self._complete = [False] * self.num_layers
         self.num_tokens = num_tokens
 
@@ -322,6 +344,7 @@ class StagingBuffer:
         self.key[layer_idx, start : start + n].copy_(key)
         self.value[layer_idx, start : start + n].copy_(value)
         self._staged[layer_idx, start : start + n] = True
+        self._dirty = self._dirty or n > 0
 
     def mark_staged(self, layer_idx: int) -> None:
         """Records that a fused stage filled every token of ``layer_idx`` (see ``StageFn``)."""
@@ -333,7 +356,13 @@ class StagingBuffer:
 
     def is_complete(self) -> bool:
         """Whether every token of the step is staged for every layer."""
-        return all(self._complete) or bool(self._filled().all())
+        if all(self._complete):
+            return True
+        return bool(self._filled().all()) if self._dirty else self.num_tokens == 0
+
+    def holds_data(self) -> bool:
+        """Whether any layer holds a staged token of the step (no array work)."""
+        return self.num_tokens > 0 and (self._dirty or any(self._complete))
 
     def layers_with_data(self) -> list[int]:
         """Layers holding at least one staged token of the step."""
@@ -524,7 +553,7 @@ class NworInterceptor:
         buffer = self.buffer
         if not buffer.is_complete():
             # No layer ran Python: the step replayed a FULL graph, which staged every layer.
-            replayed = self.graph_staging and not buffer.layers_with_data()
+            replayed = self.graph_staging and not buffer.holds_data()
             if not replayed:
                 self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
                 self._write_all_staged()

@@ -141,12 +141,15 @@ def test_a_repeated_step_is_not_uploaded_again_unless_its_rows_were_overwritten(
     first = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
     uploader._device_buffer[NUM_ROWS:].fill_(99)  # past the step: no upload would restore it
     again = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
-    assert torch.equal(again.row_stage_index, first.row_stage_index)
+    assert again is first, "a repeated step is the last one, not built again"
     assert uploader._device_buffer[NUM_ROWS] == 99, "the same indices were copied again"
     uploader.rows(NUM_ROWS).fill_(-1)  # what unstage_rows does for a step that is not staged
     after = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", uploader)
+    assert after is not first
     assert after.row_stage_index.tolist() == [-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4]
     assert after.draft_rows.tolist() == DRAFT_ROWS
+    other = VerifyStep.from_batch([1, 0, 1], QUERY_START_LOC, "cpu", uploader)
+    assert other.num_draft_tokens == (1, 0, 1) and other.num_tokens == 2
 
 
 # -- commit ------------------------------------------------------------------------------------
@@ -186,6 +189,20 @@ def test_attention_knows_which_layers_are_staged_until_commit():
     run_forward(interceptor, layers=[1, 2, 3])
     interceptor.commit(sampled([0, 0, 0]))
     assert not interceptor.is_staged(0)
+
+
+def test_the_next_step_starts_with_nothing_staged():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    begin(interceptor)
+    run_forward(interceptor, layers=[0, 1])
+    interceptor.commit(sampled([0, 0, 0]))
+    begin(interceptor)
+    assert not interceptor.buffer.holds_data()
+    assert not any(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
+    run_forward(interceptor, layers=[2])
+    assert interceptor.buffer.holds_data() and interceptor.is_staged(2)
+    assert not interceptor.buffer.is_complete()
 
 
 # -- buffer: explicit token indexing ---------------------------------------------------------

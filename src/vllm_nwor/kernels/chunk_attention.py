@@ -84,6 +84,12 @@ if HAS_TRITON:
         io_mask = row_ok[:, None] & d_ok[None, :]
         q = tl.load(q_ptr + row[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
                     mask=io_mask, other=0.0)
+        # The prefix's output and LSE are loaded before the chunk's loop, so their latency
+        # overlaps the chunk's work instead of following it (a verify chunk is one tile or two).
+        out_offs = row[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :]
+        prefix_out = tl.load(out_ptr + out_offs, mask=io_mask, other=0.0)
+        prefix_lse = tl.load(lse_ptr + head * lse_stride_h + row * lse_stride_t,
+                             mask=row_ok, other=float("-inf"))
 
         log2e: tl.constexpr = 1.4426950408889634
         qk_scale = scale * log2e
@@ -97,6 +103,8 @@ if HAS_TRITON:
             k_row = start + n
             k = tl.load(k_ptr + k_row[None, :] * k_stride_t + kv_head * k_stride_h + d[:, None],
                         mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + k_row[:, None] * v_stride_t + kv_head * v_stride_h + d[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # beside k: one wait
             if IEEE:
                 s = tl.dot(q, k, input_precision="ieee")
             else:
@@ -109,8 +117,6 @@ if HAS_TRITON:
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + k_row[:, None] * v_stride_t + kv_head * v_stride_h + d[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -122,17 +128,14 @@ if HAS_TRITON:
         chunk_out = acc / l_safe[:, None]
         ln2: tl.constexpr = 0.6931471805599453
         chunk_lse = m_i * ln2 + tl.log(l_safe)
-        prefix_lse = tl.load(lse_ptr + head * lse_stride_h + row * lse_stride_t,
-                             mask=row_ok, other=float("-inf"))
         empty = (prefix_lse == float("inf")) | (prefix_lse != prefix_lse)
         prefix_lse = tl.where(empty, float("-inf"), prefix_lse)
         top = tl.maximum(prefix_lse, chunk_lse)
         w_prefix = tl.exp(prefix_lse - top)
         w_chunk = tl.exp(chunk_lse - top)
         total = w_prefix + w_chunk
-        out_offs = row[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :]
-        prefix_out = tl.load(out_ptr + out_offs, mask=io_mask, other=0.0).to(tl.float32)
-        prefix_part = tl.where(w_prefix[:, None] > 0, prefix_out * (w_prefix / total)[:, None],
+        prefix_part = tl.where(w_prefix[:, None] > 0,
+                               prefix_out.to(tl.float32) * (w_prefix / total)[:, None],
                                0.0)
         merged = prefix_part + chunk_out * (w_chunk / total)[:, None]
         tl.store(out_ptr + out_offs, merged.to(out_ptr.dtype.element_ty), mask=io_mask)
