@@ -126,7 +126,7 @@ class Step:
         stage_fn, commit_fn = backend.fused_ops(layers, buffer)
         interceptor = NworInterceptor(
             buffer, plain_write, commit_fn, stage_fn, kv_bytes_per_token=1,
-            uploader=IndexUploader(3 * max_tokens + rows, "cuda"))
+            uploader=IndexUploader(3 * max_tokens + rows + 4, "cuda"))  # as bind() sizes it
         for idx, layer in enumerate(layers):
             setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
         return interceptor
