@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from vllm.forward_context import override_forward_context
@@ -49,7 +48,6 @@ from nwor_layer_host import (  # noqa: E402
     VLLM_UPDATE,
     Step,
 )
-from vllm_nwor.patches import flash_attn as nwor_fa  # noqa: E402
 from vllm_nwor.staging import VerifyStep  # noqa: E402
 
 CASES = [(1, 4), (8, 4), (32, 4), (128, 4), (8, 8), (32, 8)]  # batch, k (uniform batches)
@@ -67,16 +65,12 @@ def capture(step: Step, nwor: bool) -> torch.cuda.CUDAGraph:
     """One side's layers as a CUDA graph, captured as vLLM captures a verify batch's: with
     NWOR, ``capturing`` set and no step begun, so the layers take the graph's staged path."""
     interceptor = step.interceptor
-    # What the layers read from vLLM's forward context while it captures: their metadata.
-    context = SimpleNamespace(attn_metadata={layer.layer_name: step.metadata
-                                             for layer in step.layers})
     interceptor.capturing = nwor
     try:
-        with override_forward_context(context):
+        with override_forward_context(step.context):
             interceptor.uploader.rows(step.metadata.num_actual_tokens).fill_(-1)  # no staging
             _layers(step, nwor)  # compiles outside the capture, as vLLM's warm-up runs do
             torch.cuda.synchronize()
-            nwor_fa.BACKEND._prefix_for = None  # a capture computes the prefix in the graph
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 _layers(step, nwor)

@@ -36,10 +36,12 @@ from types import SimpleNamespace
 
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
+from vllm.forward_context import override_forward_context
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
+from vllm_nwor.kernels.scratch import scratch_blocks  # noqa: E402
 from vllm_nwor.patches import flash_attn as nwor_fa  # noqa: E402
 from vllm_nwor.patches._patch import original  # noqa: E402
 from vllm_nwor.patches.model_runner import BINDING_ATTR, LayerBinding, wrap_kv_cache_update  # noqa: E402
@@ -62,7 +64,9 @@ class Step:
         drafts = [0 if i < round(no_draft * batch) else k for i in range(batch)]
         q_lens = [1 + d for d in drafts]
         blocks_per_req = -(-(context + k + 1) // BLOCK)
-        num_blocks = batch * blocks_per_req + 1
+        self.batch, self.k = batch, k
+        # NWOR's scratch blocks at the end of each cache, as the engine core keeps them free.
+        num_blocks = batch * blocks_per_req + 1 + scratch_blocks(batch, k, BLOCK)[1]
         self.impl = fa.FlashAttentionImpl(HEADS, HEAD_SIZE, HEAD_SIZE ** -0.5, KV_HEADS, None,
                                           None, "auto")
         one = torch.ones((), device=dev)
@@ -112,6 +116,9 @@ class Step:
         sampled[:, : 1 + k // 2] = 7
         self.sampled = sampled
         self.interceptor = self._bind(batch * k, n)
+        # What the layers read from vLLM's forward context: their attention metadata.
+        self.context = SimpleNamespace(attn_metadata={layer.layer_name: self.metadata
+                                                      for layer in self.layers})
 
     def _bind(self, max_tokens: int, rows: int) -> NworInterceptor:
         """As ``model_runner.bind`` builds it."""
@@ -123,7 +130,7 @@ class Step:
         def plain_write(layer_idx, key, value, slot_mapping):
             backend.plain_write(layers[layer_idx], key, value, slot_mapping)
 
-        stage_fn, commit_fn = backend.fused_ops(layers, buffer)
+        stage_fn, commit_fn = backend.fused_ops(layers, buffer, self.batch, self.k, rows)
         interceptor = NworInterceptor(
             buffer, plain_write, commit_fn, stage_fn, kv_bytes_per_token=1,
             uploader=IndexUploader(3 * max_tokens + rows + 4, "cuda"))  # as bind() sizes it
@@ -149,11 +156,18 @@ NWOR_FORWARD = nwor_fa._wrap_forward(VLLM_FORWARD)
 def run_step(step: Step, nwor: bool) -> tuple[float, float, float]:
     """Issues one step; returns host seconds in all, in KV updates and in attention."""
     update, forward = (NWOR_UPDATE, NWOR_FORWARD) if nwor else (VLLM_UPDATE, VLLM_FORWARD)
+    clock = time.perf_counter
+    start = clock()
+    with override_forward_context(step.context):
+        in_update, in_forward = _run_layers(step, nwor, update, forward)
+    return clock() - start, in_update, in_forward
+
+
+def _run_layers(step: Step, nwor: bool, update, forward) -> tuple[float, float]:
     impl, md = step.impl, step.metadata
     key, value, query, output, slots = step.key, step.value, step.query, step.output, \
         md.slot_mapping
     clock = time.perf_counter
-    start = clock()
     if nwor:
         step.interceptor.begin(VerifyStep.from_batch(step.num_draft_tokens, step.qsl_host,
                                                      "cuda", step.interceptor.uploader))
@@ -167,7 +181,7 @@ def run_step(step: Step, nwor: bool) -> tuple[float, float, float]:
         in_forward += clock() - t1
     if nwor:
         step.interceptor.commit(step.sampled)
-    return clock() - start, in_update, in_forward
+    return in_update, in_forward
 
 
 def measure(step: Step, nwor: bool, steps: int) -> dict:

@@ -23,22 +23,27 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the twenty-sixth session): NWOR first. The kernel tests on the merge kernel
-# whose prefix loads now come before the chunk's loop; the GPU time of a verify step's 32 layers
-# replayed as a CUDA graph, vLLM's against NWOR's, for the code before (_before/src, a copy of
-# the last commit that travels untracked) and after; NWOR on/off beside an A/A control at batch
-# 8 and 32 with the host work per step cut. Then SCV: the settled batch from each request's
-# history (13532e8) at batch 128 and 256, then batch 1 and 32.
+# This plan (for the twenty-sixth session, second machine): verify attention through scratch
+# blocks (vLLM's own FlashAttention call over a block table whose drafting requests' last blocks
+# hold the step's chunk) in place of FA over the prefix plus the chunk-and-merge kernel. The
+# kernel tests; the engine tests of NWOR on and off (tokens now identical) and of the cache
+# audit; the GPU time of a verify step's layers for the code before (_before: the tree of
+# dd62e37, run with its own benchmark scripts) and after; NWOR on/off beside an A/A control.
+before() {  # before NAME WHAT ARGS...: a step run from the _before tree
+  local name=$1; shift
+  [ -e "$OUT/$name.done" ] && return
+  echo "=== $name start $(date +%T)"
+  (cd _before && NWOR_SRC=$PWD STEP=$name bash scripts/gpu_suite.sh "$@" > /dev/null 2>&1
+   echo "$?" > "$OUT/$name.done")
+  echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
+}
 stream0() {
   step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
-  [ -d _before/src ] && NWOR_SRC=$PWD/_before step layer_gpu_before nwor_layer_gpu --label before
+  step engine tests tests/gpu/test_engine_gpu.py -k "default_settings or draft_model_no_rejected"
+  [ -d _before/src ] && before layer_gpu_before nwor_layer_gpu --label before
   step layer_gpu_after nwor_layer_gpu --label after
   step aa_dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 --reps 3 \
     --min-requests 32 --aa
-  step history_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
-    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
-  step history_b1_b32 scv_bench --policies no_spec fixed_k2 fixed_k4 scv --batches 1 32 \
-    --workloads uniform_L1.5 uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -27,7 +27,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 import vllm_nwor  # noqa: E402
 from vllm_nwor.patches import draft_sync  # noqa: E402
 from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
-from vllm_nwor.patches.scheduler import policy_of  # noqa: E402
+from vllm_nwor.patches.scheduler import policy_of, scheduler_of  # noqa: E402
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
@@ -136,6 +136,9 @@ def main(spec: dict, out_path: str) -> None:
         "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
         "dispatches": dispatches,
         "attention_impl": type(layers[0].impl).__name__,
+        # Blocks in the workers' cache, and in the scheduler's pool (NWOR keeps its scratch).
+        "kv_blocks": {"cache": int(layers[0].kv_cache.shape[0]),
+                      "scheduler": scheduler_of(llm).kv_cache_manager.block_pool.num_gpu_blocks},
         "async_scheduling": bool(runner.use_async_scheduling),
         "again": again,
         "audit": None if cache_audit is None else {

@@ -8,17 +8,12 @@ compared within a tight tolerance. Shapes: head sizes 64/128/256, GQA 1/4/8, blo
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from vllm_nwor.kernels.chunk_attention import (
-    chunk_attention_merge,
-    chunk_attention_merge_reference,
-)
 from vllm_nwor.kernels.commit_kv import Verdict, cache_offsets, commit_kv, commit_kv_reference
+from vllm_nwor.kernels.scratch import plan_scratch, plan_scratch_reference, scratch_blocks
 from vllm_nwor.kernels.stage_kv import stage_kv, stage_kv_reference
 
 SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
@@ -58,21 +53,30 @@ def test_stage_kv_matches_reference(num_rows, head_size, num_kv_heads, block_siz
     stage_index = torch.full((num_rows,), -1, dtype=torch.int64, device=DEVICE)
     drafts = torch.arange(num_rows, device=DEVICE)[torch.rand(num_rows, device=DEVICE) < 0.5]
     stage_index[drafts] = torch.arange(len(drafts), device=DEVICE)
+    # The last rows also go to scratch slots, in blocks 8 and 9 (past the request's blocks).
+    scratch = torch.full((num_rows + 3,), -1, dtype=torch.int64, device=DEVICE)
+    to_scratch = min(num_rows, 5)
+    scratch[num_rows - to_scratch:num_rows] = 8 * block_size + 3 + torch.arange(to_scratch)
+    scratch[num_rows:] = 9 * block_size  # padding rows: never written, whatever they say
     results = []
     for fn in (stage_kv, stage_kv_reference):
-        raw, key_cache, value_cache = paged_cache(8, block_size, num_kv_heads, head_size)
+        raw, key_cache, value_cache = paged_cache(10, block_size, num_kv_heads, head_size)
         staged_k = torch.full((40, num_kv_heads, head_size), SENTINEL, dtype=DTYPE, device=DEVICE)
         staged_v = staged_k.clone()
         staged_slots = torch.full((40,), -7, dtype=torch.int64, device=DEVICE)
         fn(key, value, key_cache, value_cache, slots, stage_index, staged_k, staged_v,
-           staged_slots)
+           staged_slots, scratch)
         results.append((raw, staged_k, staged_v, staged_slots))
     for got, want in zip(results[0], results[1], strict=True):
         assert torch.equal(got, want)
     raw, staged_k, _, staged_slots = results[0]
     written = (raw != SENTINEL).all(-1).all(-1).flatten()
     direct = [int(s) for r, s in enumerate(slots.tolist()[:num_rows]) if r not in drafts.tolist()]
+    direct += scratch[:num_rows][scratch[:num_rows] >= 0].tolist()
     assert sorted(torch.nonzero(written).flatten().tolist()) == sorted(direct)
+    for r in range(num_rows - to_scratch, num_rows):  # each scratch row holds its row's K/V
+        slot = int(scratch[r])
+        assert torch.equal(raw[slot // block_size, slot % block_size, :, :head_size], key[r])
     assert torch.equal(staged_slots[: len(drafts)], slots[drafts])
     assert bool((staged_slots[len(drafts):] == -7).all())
     assert bool((staged_k[len(drafts):] == SENTINEL).all())
@@ -115,7 +119,7 @@ def test_launcher_reuses_the_compiled_kernel_and_falls_back_for_unaligned_tensor
             staged_v = staged_k.clone()
             staged_slots = torch.full((16,), -7, dtype=torch.int64, device=DEVICE)
             fn(key, value, key_cache, value_cache, slots, stage_index, staged_k, staged_v,
-               staged_slots)
+               staged_slots, torch.full((12,), -1, dtype=torch.int64, device=DEVICE))
             results.append((raw, staged_k, staged_v, staged_slots))
         for got, want in zip(results[0], results[1], strict=True):
             assert torch.equal(got, want)
@@ -138,7 +142,8 @@ def test_stage_kv_rejects_a_wrong_layout():
     with pytest.raises(ValueError, match="key_cache has shape"):
         stage_kv(key, value, key_cache, value_cache, torch.zeros(4, dtype=torch.int64,
                  device=DEVICE), torch.zeros(4, dtype=torch.int64, device=DEVICE), staged,
-                 staged.clone(), torch.zeros(8, dtype=torch.int64, device=DEVICE))
+                 staged.clone(), torch.zeros(8, dtype=torch.int64, device=DEVICE),
+                 torch.full((4,), -1, dtype=torch.int64, device=DEVICE))
 
 
 # -- commit_kv ---------------------------------------------------------------------------------
@@ -274,7 +279,9 @@ def test_commit_and_stage_reach_offsets_beyond_32_bits():
     key, value = rows(1, num_kv_heads, head_size)
     stage_kv(key, value, key_cache, value_cache, slots[:1] + 1,
              torch.tensor([-1], device=DEVICE), staged_k[0], staged_v[0],
-             torch.zeros(2, dtype=torch.int64, device=DEVICE))
+             torch.zeros(2, dtype=torch.int64, device=DEVICE),
+             torch.tensor([3], device=DEVICE))  # and to slot 3, as a scratch slot
+    assert torch.equal(key_cache[0, 3], key[0])
     assert torch.equal(key_cache[num_blocks - 1, 4], key[0])
     del raw
 
@@ -289,99 +296,128 @@ def test_cache_offsets_reach_every_layer():
                 == value_caches[i].data_ptr())
 
 
-# -- chunk_attention_merge ---------------------------------------------------------------------
+# -- scratch blocks ----------------------------------------------------------------------------
+# A step's requests as (committed tokens, query rows, drafts); a query of 0 rows is a padded
+# request of a CUDA graph, one with no drafts a decode or a prompt chunk.
+SCRATCH_STEPS = [
+    [(37, 5, 4)],
+    [(0, 9, 0), (100, 1, 0), (16, 4, 3), (300, 5, 4), (47, 3, 2)],
+    [(31, 2, 1), (0, 0, 0), (64, 9, 8)],
+]
 
 
-@pytest.mark.parametrize("query_lens", [[1], [5], [3, 1, 9, 2], [40, 3], []])
-@pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (256, 8), (128, 1)])
-def test_chunk_attention_merge_matches_reference(query_lens, head_size, group):
-    torch.manual_seed(sum(query_lens) + head_size + group)
-    num_kv_heads = 2
-    n = sum(query_lens)
-    qkv = torch.randn(n, (group + 2) * num_kv_heads * head_size, device=DEVICE).to(DTYPE)
-    q, k, v = qkv.split([group * num_kv_heads * head_size, num_kv_heads * head_size,
-                         num_kv_heads * head_size], dim=-1)
-    q = q.view(n, group * num_kv_heads, head_size)
-    k, v = k.view(n, num_kv_heads, head_size), v.view(n, num_kv_heads, head_size)
-    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32,
-                       device=DEVICE)
-    prefix_out = torch.randn(n + 2, group * num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    prefix_lse = torch.randn(group * num_kv_heads, n + 2, device=DEVICE) * 3
-    if n:
-        prefix_lse[:, 0] = float("inf")  # FlashAttention's "no prefix keys"
+def scratch_step(requests, block_size, num_blocks):
+    """vLLM's step tensors for ``requests``, with every request's blocks below the scratch."""
+    width = max(-(-(c + q) // block_size) for c, q, _ in requests) + 1
+    block_table = torch.randperm(num_blocks, device=DEVICE)[: len(requests) * width]
+    block_table = block_table.view(len(requests), width).int()
+    qsl, rows = [0], []
+    for _, q, d in requests:
+        rows += [-1] * (q - d) + list(range(len(rows), len(rows) + d))
+        qsl.append(qsl[-1] + q)
+    stage_index = torch.tensor(rows, dtype=torch.int64, device=DEVICE)
+    stage_index[stage_index >= 0] = torch.arange(int((stage_index >= 0).sum()), device=DEVICE)
+    return (block_table, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+            torch.tensor([c + q for c, q, _ in requests], dtype=torch.int32, device=DEVICE),
+            stage_index)
+
+
+@pytest.mark.parametrize("requests", SCRATCH_STEPS)
+@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 1), (128, 8), (256, 2)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block_size):
+    torch.manual_seed(len(requests) + head_size + block_size)
+    per_request, total = scratch_blocks(len(requests), 8, block_size)
+    base = 128
+    block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
+    committed = torch.randn(3, base, block_size, num_kv_heads, 2 * head_size,
+                            device=DEVICE).to(DTYPE)
     results = []
-    for fn in (chunk_attention_merge, chunk_attention_merge_reference):
-        out = prefix_out.clone()
-        fn(q, k, v, qsl, max(query_lens, default=0), out, prefix_lse, head_size**-0.5)
-        results.append(out)
-    got, want = results
-    tolerance = 2e-2 if DTYPE == torch.bfloat16 else 2e-5
-    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
-    assert torch.equal(got[n:], prefix_out[n:])  # rows past the batch untouched
-
-
-# -- the whole split against one FlashAttention call -------------------------------------------
+    for fn in (plan_scratch, plan_scratch_reference):
+        raws, key_caches, value_caches = layer_caches(3, base + total, block_size, num_kv_heads,
+                                                      head_size)
+        for layer, raw in enumerate(raws):
+            raw[:base] = committed[layer]
+        table = torch.full((len(requests) + 2, block_table.shape[1]), -5, dtype=torch.int32,
+                           device=DEVICE)
+        row_slots = torch.full((int(qsl[-1]) + 4,), -9, dtype=torch.int64, device=DEVICE)
+        args = (block_table, qsl, seq_lens, stage_index, table, row_slots, key_caches,
+                value_caches)
+        if fn is plan_scratch:
+            fn(*args, cache_offsets(key_caches, value_caches), base, per_request)
+        else:
+            fn(*args, base, per_request)
+        results.append((table, row_slots, *raws))
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+    table, row_slots, raw = results[0][:3]
+    for i, (c, q, d) in enumerate(requests):  # the reference's meaning, spelled out once
+        first = base + i * per_request
+        if not d:
+            assert torch.equal(table[i], block_table[i])
+            continue
+        lo = c // block_size
+        for pos in range(c, c + q):
+            scratch = first + pos // block_size - lo
+            assert int(table[i, pos // block_size]) == scratch
+            assert int(row_slots[int(qsl[i]) + pos - c]) == scratch * block_size + pos % block_size
+        for pos in range(lo * block_size, c):  # the committed tail, copied
+            src = int(block_table[i, pos // block_size])
+            assert torch.equal(raw[first, pos % block_size], raw[src, pos % block_size])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs FlashAttention on the GPU")
 @pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (128, 8), (256, 2)])
-@pytest.mark.parametrize("requests", [[(37, 5)], [(0, 9), (100, 1), (16, 4), (300, 5)]])
-def test_split_attention_matches_one_flash_attention_call(head_size, group, requests):
-    """FA over the committed prefix (with LSE) + the chunk-merge kernel == one causal FA call."""
+@pytest.mark.parametrize("requests", SCRATCH_STEPS)
+def test_attention_through_scratch_blocks_equals_attention_over_the_written_cache(
+        head_size, group, requests):
+    """Staged: drafts in the staging buffer and scratch blocks, vLLM's FA call over the
+    scratch table. Plain: every row written to the cache, the same call over vLLM's table. The
+    outputs are bit-identical, and the drafts' slots in the request's blocks stay untouched."""
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     torch.manual_seed(head_size + group + len(requests))
-    num_kv_heads, block_size, dtype = 2, 16, torch.bfloat16
-    num_q_heads = group * num_kv_heads
-    max_blocks = max(-(-(c + q) // block_size) for c, q in requests)
-    num_blocks = len(requests) * max_blocks + 1
-    raw = torch.randn(num_blocks, block_size, num_kv_heads, 2 * head_size, device=DEVICE)
-    raw = raw.to(dtype)
-    key_cache, value_cache = raw[..., :head_size], raw[..., head_size:]
-    block_table = torch.randperm(num_blocks - 1, device=DEVICE)[: len(requests) * max_blocks]
-    block_table = block_table.view(len(requests), max_blocks).int()
-    qsl = [0]
-    for _, q in requests:
-        qsl.append(qsl[-1] + q)
-    n = qsl[-1]
-    query = torch.randn(n, num_q_heads, head_size, device=DEVICE).to(dtype)
-    # The step's own K/V: what the layer gets as key/value, and (for the one-call reference)
-    # what the cache holds at the step's positions.
-    step_k = torch.empty(n, num_kv_heads, head_size, device=DEVICE, dtype=dtype)
-    step_v = torch.empty_like(step_k)
-    for i, (c, q) in enumerate(requests):
+    num_kv_heads, block_size, base = 2, 16, 128
+    per_request, total = scratch_blocks(len(requests), 8, block_size)
+    block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
+    n = int(qsl[-1])
+    key, value = rows(n, num_kv_heads, head_size)
+    slots = torch.empty(n, dtype=torch.int64, device=DEVICE)
+    for i, (c, q, _) in enumerate(requests):
         for j in range(q):
             pos = c + j
-            block = block_table[i, pos // block_size]
-            step_k[qsl[i] + j] = key_cache[block, pos % block_size]
-            step_v[qsl[i] + j] = value_cache[block, pos % block_size]
-    cu = torch.tensor(qsl, dtype=torch.int32, device=DEVICE)
-    seq_lens = torch.tensor([c + q for c, q in requests], dtype=torch.int32, device=DEVICE)
-    prefix_lens = torch.tensor([c for c, _ in requests], dtype=torch.int32, device=DEVICE)
-    common = dict(q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu,
-                  max_seqlen_q=max(q for _, q in requests), block_table=block_table,
-                  softmax_scale=head_size**-0.5, max_seqlen_k=int(seq_lens.max()), fa_version=3)
-    reference = flash_attn_varlen_func(seqused_k=seq_lens, causal=True, **common)
-    out = torch.empty_like(query)
-    _, lse = flash_attn_varlen_func(seqused_k=prefix_lens, causal=False, out=out,
-                                    return_softmax_lse=True, **common)
-    # The plugin's prefix call: seqused_k and FA3 scheduler metadata computed once per step
-    # (FlashAttnBackend.prefix) and shared by the step's layers, here two.
-    from vllm_nwor.patches.flash_attn import BACKEND
+            slots[int(qsl[i]) + j] = int(block_table[i, pos // block_size]) * block_size + \
+                pos % block_size
+    query = torch.randn(n, group * num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    raws, key_caches, value_caches = layer_caches(1, base + total, block_size, num_kv_heads,
+                                                  head_size)
+    raws[0][:base] = torch.randn(raws[0][:base].shape, device=DEVICE).to(DTYPE)
+    plain_raw = raws[0].clone()
+    plain_key, plain_value = plain_raw[..., :head_size], plain_raw[..., head_size:]
+    plain_key.view(-1, num_kv_heads, head_size)[slots] = key
+    plain_value.view(-1, num_kv_heads, head_size)[slots] = value
+    common = dict(q=query, cu_seqlens_q=qsl, max_seqlen_q=max(q for _, q, _ in requests),
+                  seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
+                  softmax_scale=head_size**-0.5, causal=True, fa_version=3)
+    want = flash_attn_varlen_func(k=plain_key, v=plain_value, block_table=block_table, **common)
 
-    step = SimpleNamespace(query_start_loc=cu, seq_lens=seq_lens, max_num_splits=0,
-                           max_query_len=common["max_seqlen_q"],
-                           max_seq_len=common["max_seqlen_k"])
-    plugin_lens, metadata = BACKEND.prefix(SimpleNamespace(vllm_flash_attn_version=3), step,
-                                           query, key_cache)
-    assert metadata is not None and torch.equal(plugin_lens, prefix_lens)
-    for _layer in range(2):
-        shared_out = torch.empty_like(query)
-        _, shared_lse = flash_attn_varlen_func(
-            seqused_k=plugin_lens, causal=False, out=shared_out, return_softmax_lse=True,
-            scheduler_metadata=metadata, **common)
-        assert torch.equal(shared_out, out) and torch.equal(shared_lse, lse)
-    chunk_attention_merge(query, step_k, step_v, cu, common["max_seqlen_q"], out, lse,
-                          head_size**-0.5)
-    error = (out.float() - reference.float()).norm() / reference.float().norm()
-    assert error < 1e-2, error
+    table = torch.zeros_like(block_table)
+    row_slots = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+    plan_scratch(block_table, qsl, seq_lens, stage_index, table, row_slots, key_caches,
+                 value_caches, cache_offsets(key_caches, value_caches), base, per_request)
+    num_staged = int((stage_index >= 0).sum())
+    staged_k = torch.empty(max(num_staged, 1), num_kv_heads, head_size, dtype=DTYPE,
+                           device=DEVICE)
+    staged_v, staged_slots = torch.empty_like(staged_k), torch.empty(
+        max(num_staged, 1), dtype=torch.int64, device=DEVICE)
+    before = raws[0][:base].clone()
+    stage_kv(key, value, key_caches[0], value_caches[0], slots, stage_index, staged_k, staged_v,
+             staged_slots, row_slots)
+    got = flash_attn_varlen_func(k=key_caches[0], v=value_caches[0], block_table=table, **common)
+    assert torch.equal(got, want)
+    drafts = slots[stage_index >= 0]
+    flat_before = before.view(-1, num_kv_heads, 2 * head_size)
+    flat_after = raws[0][:base].reshape(-1, num_kv_heads, 2 * head_size)
+    assert torch.equal(flat_after[drafts], flat_before[drafts]), "a draft reached its block"
+    others = slots[stage_index < 0]
+    assert torch.equal(flat_after[others, :, :head_size], key[stage_index < 0])

@@ -460,7 +460,8 @@ def graph_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None) ->
 
     def stage_fn(layer_idx, key, value, slot_mapping, rows, buf) -> None:
         stage_kv(key, value, cache.key[layer_idx].unsqueeze(1), cache.value[layer_idx].unsqueeze(1),
-                 slot_mapping, rows, buf.key[layer_idx], buf.value[layer_idx], buf.slot_mapping)
+                 slot_mapping, rows, buf.key[layer_idx], buf.value[layer_idx], buf.slot_mapping,
+                 torch.full((PADDED_ROWS,), -1))  # no scratch blocks: the staging alone
 
     return NworInterceptor(buffer, cache.plain_write, commit_fn, stage_fn,
                            kv_bytes_per_token=100, uploader=IndexUploader(64, "cpu"))

@@ -7,6 +7,8 @@ One launch per layer, in place of vLLM's ``reshape_and_cache_flash``. Row ``r`` 
   and its slot to ``staged_slots[row_stage_index[r]]``; the paged cache is not touched.
 - otherwise: K/V are copied to the cache at block ``slot // block_size``, offset
   ``slot % block_size``: the bytes vLLM writes for an unquantized cache.
+- and in either case, when ``scratch_slots[r] >= 0``, K/V are also copied to the cache at that
+  slot: a scratch block, where verify attention reads the step's chunk (:mod:`.scratch`).
 
 Rows at or beyond ``len(row_stage_index)`` are treated as not staged. Padding rows are skipped
 before their stage index is read, so a CUDA graph padded past the step's rows may read stale
@@ -41,6 +43,7 @@ def stage_kv_reference(
     staged_key: torch.Tensor,
     staged_value: torch.Tensor,
     staged_slots: torch.Tensor,
+    scratch_slots: torch.Tensor,
 ) -> None:
     n = slot_mapping.shape[0]
     stage_index = torch.full((n,), -1, dtype=torch.int64, device=key.device)
@@ -57,6 +60,12 @@ def stage_kv_reference(
     blocks, offsets = slots // block_size, slots % block_size
     key_cache[blocks, offsets] = key[:n][direct]
     value_cache[blocks, offsets] = value[:n][direct]
+    scratch = scratch_slots[:n].long()
+    to_scratch = (scratch >= 0) & (slot_mapping >= 0)
+    slots = scratch[to_scratch]
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, offsets] = key[:n][to_scratch]
+    value_cache[blocks, offsets] = value[:n][to_scratch]
 
 
 if HAS_TRITON:
@@ -65,7 +74,7 @@ if HAS_TRITON:
     def _stage_kv_kernel(
         key_ptr, value_ptr, key_cache_ptr, value_cache_ptr,
         slot_ptr, stage_index_ptr, staged_key_ptr, staged_value_ptr, staged_slot_ptr,
-        num_stage_rows, block_size,
+        scratch_slot_ptr, num_stage_rows, block_size,
         key_stride_t, key_stride_h, value_stride_t, value_stride_h,
         kc_stride_b, kc_stride_o, kc_stride_h, vc_stride_b, vc_stride_o, vc_stride_h,
         staged_stride_t, staged_stride_h,
@@ -94,6 +103,14 @@ if HAS_TRITON:
             v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
             tl.store(key_cache_ptr + k_dst, k, mask=mask)
             tl.store(value_cache_ptr + v_dst, v, mask=mask)
+        scratch = tl.load(scratch_slot_ptr + row).to(tl.int64)
+        if scratch >= 0:
+            block = scratch // block_size
+            offset = scratch % block_size
+            k_dst = block * kc_stride_b + offset * kc_stride_o + h * kc_stride_h + d
+            v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
+            tl.store(key_cache_ptr + k_dst, k, mask=mask)
+            tl.store(value_cache_ptr + v_dst, v, mask=mask)
 
     _STAGE = Launcher(_stage_kv_kernel)
 
@@ -108,6 +125,7 @@ def stage_kv(
     staged_key: torch.Tensor,
     staged_value: torch.Tensor,
     staged_slots: torch.Tensor,
+    scratch_slots: torch.Tensor,
     *,
     checked: bool = True,
 ) -> None:
@@ -117,18 +135,19 @@ def stage_kv(
 
     Shapes: key/value ``[>= n, H, D]``; key/value_cache ``[blocks, block_size, H, D]`` (any
     strides, head_size contiguous); slot_mapping ``[n]`` int; row_stage_index ``[<= n]`` int;
-    staged_key/value ``[T, H, D]`` contiguous; staged_slots ``[T]`` int64.
+    staged_key/value ``[T, H, D]`` contiguous; staged_slots ``[T]`` int64; scratch_slots
+    ``[>= n]`` int64.
     """
     n = slot_mapping.shape[0]
     num_heads, head_size = key.shape[1], key.shape[2]
     if checked:
         _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, staged_key,
-               staged_value, staged_slots)
+               staged_value, staged_slots, scratch_slots)
     if n == 0:
         return
     if not use_triton(key):
         stage_kv_reference(key, value, key_cache, value_cache, slot_mapping, row_stage_index,
-                           staged_key, staged_value, staged_slots)
+                           staged_key, staged_value, staged_slots, scratch_slots)
         return
     num_stage_rows = row_stage_index.shape[0]
     strides = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
@@ -136,11 +155,11 @@ def stage_kv(
                staged_key.stride(0), staged_key.stride(1))
     block_size = key_cache.shape[1]
     # num_stage_rows is not specialized: only its width is part of the key.
-    spec = (key.dtype, slot_mapping.dtype, row_stage_index.dtype, block_size, num_heads,
-            head_size, num_stage_rows > 0x7FFFFFFF, strides)
+    spec = (key.dtype, slot_mapping.dtype, row_stage_index.dtype, scratch_slots.dtype,
+            block_size, num_heads, head_size, num_stage_rows > 0x7FFFFFFF, strides)
     _STAGE((n, 1, 1), spec, (
         key, value, key_cache, value_cache,
-        slot_mapping, row_stage_index, staged_key, staged_value, staged_slots,
+        slot_mapping, row_stage_index, staged_key, staged_value, staged_slots, scratch_slots,
         num_stage_rows, block_size, *strides,
         num_heads, head_size, triton.next_power_of_2(num_heads),
         triton.next_power_of_2(head_size),
@@ -148,7 +167,7 @@ def stage_kv(
 
 
 def _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, staged_key,
-           staged_value, staged_slots) -> None:
+           staged_value, staged_slots, scratch_slots) -> None:
     n = slot_mapping.shape[0]
     num_heads, head_size = key.shape[1], key.shape[2]
     check_shape("key", key, (None, num_heads, head_size))
@@ -167,6 +186,9 @@ def _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, st
     check_dtype("slot_mapping", slot_mapping, torch.int32, torch.int64)
     check_dtype("row_stage_index", row_stage_index, torch.int32, torch.int64)
     check_dtype("staged_slots", staged_slots, torch.int64)
+    check_dtype("scratch_slots", scratch_slots, torch.int64)
+    check(scratch_slots.dim() == 1 and scratch_slots.shape[0] >= n,
+          f"scratch_slots has shape {tuple(scratch_slots.shape)}, expected at least ({n},)")
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache),
                     ("value_cache", value_cache)):
         check_inner_contiguous(name, t)
@@ -175,4 +197,4 @@ def _check(key, value, key_cache, value_cache, slot_mapping, row_stage_index, st
     check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                       slot_mapping=slot_mapping, row_stage_index=row_stage_index,
                       staged_key=staged_key, staged_value=staged_value,
-                      staged_slots=staged_slots)
+                      staged_slots=staged_slots, scratch_slots=scratch_slots)

@@ -11,9 +11,12 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 5. ``CPUAttentionBackendImpl.do_kv_cache_update``: stage draft rows of bound layers.
 6. ``CPUAttentionBackendImpl.forward``: chunk-verify attention in staged steps (and no 2nd write).
 7. ``FlashAttentionImpl.do_kv_cache_update``: fused stage kernel for bound layers.
-8. ``FlashAttentionImpl.forward``: FA over the prefix + Triton chunk-and-merge in staged steps.
+8. ``FlashAttentionImpl.forward``: in staged steps, vLLM's own attention over a block table
+   whose drafting requests' last blocks are scratch blocks holding the step's chunk.
 9. ``GPUModelRunner.capture_model``: with NWOR on, FULL graphs of batches that may verify are
    captured with the staged path (docs/gpu.md).
+9a. ``EngineCore._initialize_kv_caches``: on CUDA with NWOR on, the scheduler gets the KV cache
+   less the scratch blocks, which the workers keep for verify attention.
 10. ``WorkerBase.nwor_counters`` (added): counters for ``collective_rpc``.
 11. ``Scheduler.__init__``: create the SCV chunk policy when ``scv`` is on.
 12. ``Scheduler._update_after_schedule``: the draft budget for the drafter.
@@ -62,6 +65,7 @@ def all_patches() -> list[Patch]:
         draft_sync,
         draft_window,
         engine_args,
+        engine_core,
         flash_attn,
         model_runner,
         scheduler,
@@ -75,6 +79,7 @@ def all_patches() -> list[Patch]:
         *model_runner.PATCHES,
         *cpu_attn.PATCHES,
         *flash_attn.PATCHES,
+        *engine_core.PATCHES,
         *worker.PATCHES,
         *scheduler.PATCHES,
         *draft_window.PATCHES,

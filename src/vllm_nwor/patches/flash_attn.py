@@ -1,35 +1,41 @@
-"""FLASH_ATTN patches (CUDA): staging fused into the KV update, FA prefix + Triton chunk, commit.
+"""FLASH_ATTN patches (CUDA): staging fused into the KV update, attention through scratch blocks.
 
-In a staged verify step, for each bound target layer:
+In a staged verify step:
 
-- ``do_kv_cache_update``: one Triton launch in place of ``reshape_and_cache_flash``. Draft rows
-  go to the staging buffer, every other row to the cache, byte for byte as vLLM writes them.
-- ``forward``: FlashAttention over the committed prefix (``seqused_k = seq_len - query_len``,
-  non-causal, with its log-sum-exp) written straight into ``output``, then one Triton launch that
-  adds causal attention over the step's own rows and merges the two in place.
+- before the first layer, one launch plans the step's scratch blocks
+  (:mod:`vllm_nwor.kernels.scratch`): a copy of vLLM's block table in which each drafting
+  request's last blocks are scratch blocks that the scheduler never hands out, and the committed
+  tokens sharing the first of them copied there for every layer;
+- ``do_kv_cache_update``, per layer: one Triton launch in place of ``reshape_and_cache_flash``.
+  Draft rows go to the staging buffer, every other row to the cache, byte for byte as vLLM writes
+  them; every row of a drafting request also goes to its scratch slot;
+- ``forward``, per layer: vLLM's own FlashAttention call, over that block table. It sees the
+  committed prefix and the step's chunk; no draft is in a block the scheduler gave a request.
 
 After rejection sampling, one Triton launch commits every layer's accepted drafts.
 
 CUDA graphs: vLLM's FULL graphs for batches of more than one token per request are captured
 with this staged path (``NworInterceptor.stage_for_graph``). Everything it reads is a device
-buffer at a fixed address (the rows to stage, vLLM's slot mapping, sequence lengths and query
-starts, the staging buffer), so a verify batch replays a FULL graph as it does without NWOR, and
-a step that is not staged replays the same graph with every row written (docs/gpu.md).
+buffer at a fixed address (the rows to stage, vLLM's slot mapping, block table, sequence lengths
+and query starts, the staging buffer, the scratch table and slots), so a verify batch replays a
+FULL graph as it does without NWOR, and a step that is not staged replays the same graph with
+every row written and vLLM's own blocks in the table (docs/gpu.md).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
-from vllm import envs
+from vllm.forward_context import get_forward_context
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor.config import NworConfigError
-from vllm_nwor.kernels.chunk_attention import chunk_attention_merge
 from vllm_nwor.kernels.commit_kv import Verdict, cache_offsets, commit_kv
+from vllm_nwor.kernels.scratch import plan_scratch, scratch_blocks
 from vllm_nwor.kernels.stage_kv import stage_kv
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.model_runner import (
@@ -46,33 +52,64 @@ def _split_cache(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return key_cache, value_cache
 
 
-class _CacheViews:
-    """A layer's cache as the staged attention reads it, kept from step to step: the views
-    (split, strides made canonical as vLLM's forward makes them) are taken again only when
-    the layer is called with another cache tensor."""
+class Scratch:
+    """The scratch blocks of one engine's target layers (see :mod:`vllm_nwor.kernels.scratch`).
 
-    __slots__ = ("kv_cache", "views")
+    The table and the row slots are allocated once (the table when the first step shows vLLM's
+    block table width), so CUDA graphs read them at fixed addresses.
+    """
 
-    def __init__(self) -> None:
-        self.kv_cache: torch.Tensor | None = None
-        self.views: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
+    def __init__(self, layers: list, key_caches: list[torch.Tensor],
+                 value_caches: list[torch.Tensor], offsets: tuple[torch.Tensor, torch.Tensor],
+                 max_num_seqs: int, num_spec_tokens: int, max_rows: int) -> None:
+        num_blocks, block_size = key_caches[0].shape[:2]
+        self.per_request, total = scratch_blocks(max_num_seqs, num_spec_tokens, block_size)
+        if total >= num_blocks:
+            raise NworConfigError(
+                f"'nwor': true needs {total} scratch KV blocks (max_num_seqs={max_num_seqs}, "
+                f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
+                f"has {num_blocks}")
+        self.base = num_blocks - total  # the engine core kept these from the scheduler
+        self.first_layer = layers[0].layer_name
+        self.caches = (key_caches, value_caches, offsets)
+        self.max_num_seqs = max_num_seqs
+        device = key_caches[0].device
+        self.row_slots = torch.full((max_rows,), -1, dtype=torch.int64, device=device)
+        self.table = torch.zeros((max_num_seqs, 0), dtype=torch.int32, device=device)
+        self._for: Any = None
+        self._metadata: Any = None
 
-    def of(self, impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if kv_cache is not self.kv_cache:
-            key_cache, value_cache = _split_cache(impl, kv_cache)
-            self.views = (fa.canonicalize_singleton_dim_strides(key_cache),
-                          fa.canonicalize_singleton_dim_strides(value_cache))
-            self.kv_cache = kv_cache
-        return self.views
+    def plan(self, row_stage_index: torch.Tensor) -> None:
+        """Plans this step's scratch blocks; called in the first layer's KV update."""
+        metadata = get_forward_context().attn_metadata
+        md = metadata.get(self.first_layer) if isinstance(metadata, dict) else None
+        if md is None:
+            raise ValueError("no attention metadata for the first target layer (micro-batches "
+                             "are not supported)")
+        width = md.block_table.shape[1]
+        if self.table.shape[1] != width:
+            self.table = torch.zeros((self.max_num_seqs, width), dtype=torch.int32,
+                                     device=self.row_slots.device)
+        key_caches, value_caches, offsets = self.caches
+        plan_scratch(md.block_table, md.query_start_loc, md.seq_lens, row_stage_index,
+                     self.table, self.row_slots, key_caches, value_caches, offsets, self.base,
+                     self.per_request)
+
+    def metadata(self, attn_metadata):
+        """``attn_metadata`` with the scratch table as its block table, made once per step."""
+        if self._for is not attn_metadata:
+            rows = attn_metadata.block_table.shape[0]
+            self._metadata = copy.copy(attn_metadata)  # as vLLM's update_block_table does
+            self._metadata.block_table = self.table[:rows]
+            self._for = attn_metadata
+        return self._metadata
 
 
 class FlashAttnBackend:
     name = "FLASH_ATTN"
 
     def __init__(self) -> None:
-        self._prefix_for: Any = None
-        self._prefix_shapes: tuple = ()
-        self._prefix: tuple[torch.Tensor, torch.Tensor | None] = (torch.empty(0), None)
+        self.scratch: Scratch | None = None
 
     def handles(self, impl: Any) -> bool:
         return isinstance(impl, fa.FlashAttentionImpl)
@@ -108,11 +145,13 @@ class FlashAttnBackend:
             layer.impl, layer, key, value, layer.kv_cache, slot_mapping
         )
 
-    def layer_state(self, layer) -> _CacheViews:
-        return _CacheViews()
+    def layer_state(self, layer) -> None:
+        return None
 
-    def fused_ops(self, layers: list, buffer: StagingBuffer) -> tuple[StageFn, CommitFn]:
-        """One Triton launch per layer for staging, one per step for the commit.
+    def fused_ops(self, layers: list, buffer: StagingBuffer, max_num_seqs: int,
+                  num_spec_tokens: int, max_rows: int) -> tuple[StageFn, CommitFn]:
+        """One launch per step to plan the scratch blocks, one per layer to stage, one per
+        step to commit.
 
         The layouts are checked once here; the hot paths then skip the wrappers' checks.
         """
@@ -120,6 +159,8 @@ class FlashAttnBackend:
         key_caches = [k for k, _ in caches]
         value_caches = [v for _, v in caches]
         offsets = cache_offsets(key_caches, value_caches)
+        scratch = self.scratch = Scratch(layers, key_caches, value_caches, offsets, max_num_seqs,
+                                         num_spec_tokens, max_rows)
         # Checks the layouts, and compiles the commit before any step: one token, rejected
         # (nothing is written or counted).
         device = buffer.key.device
@@ -132,11 +173,14 @@ class FlashAttnBackend:
         checked: set[int] = set()
 
         def stage(layer_idx, key, value, slot_mapping, row_stage_index, buf) -> None:
+            if layer_idx == 0:
+                scratch.plan(row_stage_index)
             views = staged[layer_idx] if buf is buffer else (buf.key[layer_idx],
                                                              buf.value[layer_idx])
             first_time = layer_idx not in checked
             stage_kv(key, value, key_caches[layer_idx], value_caches[layer_idx], slot_mapping,
-                     row_stage_index, *views, buf.slot_mapping, checked=first_time)
+                     row_stage_index, *views, buf.slot_mapping, scratch.row_slots,
+                     checked=first_time)
             checked.add(layer_idx)
 
         def commit(buf: StagingBuffer, verdict: Verdict) -> None:
@@ -148,72 +192,16 @@ class FlashAttnBackend:
     def window_attention(self, impl, window: int) -> None:
         impl.sliding_window = (window - 1, 0)  # FlashAttentionImpl's form of a causal window
 
-    def prefix(self, impl, attn_metadata, query: torch.Tensor, key_cache: torch.Tensor):
-        """The prefix call's ``seqused_k`` (``seq_len - query_len``, committed tokens per
-        request) and FA3 scheduler metadata: computed by the step's first staged layer and
-        shared by all, as vLLM shares its own. Without the metadata, FA3 would launch
-        ``prepare_varlen_num_blocks`` inside every layer's call. In a FULL graph this is
-        captured with the first layer, so a replay recomputes both from the step's inputs."""
-        shapes = (query.shape[1:], key_cache.shape[1:3])  # heads and head size, block size
-        if self._prefix_for is not attn_metadata or self._prefix_shapes != shapes:
-            qsl = attn_metadata.query_start_loc
-            num_reqs = qsl.shape[0] - 1
-            prefix_lens = attn_metadata.seq_lens[:num_reqs] - (qsl[1:] - qsl[:-1])
-            metadata = None
-            if impl.vllm_flash_attn_version == 3 and not envs.VLLM_BATCH_INVARIANT:
-                metadata = fa.get_scheduler_metadata(
-                    batch_size=num_reqs,
-                    max_seqlen_q=attn_metadata.max_query_len,
-                    max_seqlen_k=attn_metadata.max_seq_len,
-                    num_heads_q=query.shape[1],
-                    num_heads_kv=key_cache.shape[2],
-                    headdim=query.shape[2],
-                    cache_seqlens=prefix_lens,
-                    qkv_dtype=key_cache.dtype,
-                    cu_seqlens_q=qsl,
-                    page_size=key_cache.shape[1],
-                    causal=False,
-                    num_splits=attn_metadata.max_num_splits,
-                )
-            self._prefix = (prefix_lens, metadata)
-            self._prefix_for, self._prefix_shapes = attn_metadata, shapes
-        return self._prefix
-
 
 BACKEND = FlashAttnBackend()
 
 
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        binding = staged_binding(layer, attn_metadata)
-        if binding is None:
-            return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
-                           *args, **kwargs)
-        n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = binding.backend_state.of(self, kv_cache)
-        query_start_loc = attn_metadata.query_start_loc
-        prefix_lens, scheduler_metadata = BACKEND.prefix(self, attn_metadata, query, key_cache)
-        _, prefix_lse = fa.flash_attn_varlen_func(
-            q=query[:n],
-            k=key_cache,
-            v=value_cache,
-            out=output[:n],
-            cu_seqlens_q=query_start_loc,
-            max_seqlen_q=attn_metadata.max_query_len,
-            seqused_k=prefix_lens,
-            max_seqlen_k=attn_metadata.max_seq_len,
-            softmax_scale=self.scale,
-            causal=False,
-            block_table=attn_metadata.block_table,
-            fa_version=self.vllm_flash_attn_version,
-            scheduler_metadata=scheduler_metadata,
-            num_splits=attn_metadata.max_num_splits,  # as vLLM's own call: fixed in FULL graphs
-            return_softmax_lse=True,
-        )
-        chunk_attention_merge(query[:n], key[:n], value[:n], query_start_loc,
-                              attn_metadata.max_query_len, output, prefix_lse, self.scale,
-                              checked=False)
-        return output
+        if staged_binding(layer, attn_metadata) is not None:
+            attn_metadata = BACKEND.scratch.metadata(attn_metadata)  # type: ignore[union-attr]
+        return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                       *args, **kwargs)
 
     return wrapper
 
@@ -244,8 +232,8 @@ PATCHES = [
         fa.FlashAttentionImpl,
         "forward",
         _wrap_forward,
-        why="In a staged verify step: FA over the committed prefix with LSE, then one Triton "
-        "launch for the step's chunk and the merge.",
+        why="In a staged verify step: vLLM's own attention over a block table in which each "
+        "drafting request's last blocks are scratch blocks holding the step's chunk.",
     ),
     Patch(
         GPUModelRunner,

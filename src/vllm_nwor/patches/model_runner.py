@@ -73,9 +73,11 @@ class NworBackend(Protocol):
         """Per-layer data the patched attention needs (for example a cache layout)."""
 
     def fused_ops(
-        self, layers: list[Attention], buffer: StagingBuffer
+        self, layers: list[Attention], buffer: StagingBuffer, max_num_seqs: int,
+        num_spec_tokens: int, max_rows: int,
     ) -> tuple[StageFn | None, CommitFn | None]:
-        """Fused stage and commit, or None to use the interceptor's generic versions."""
+        """Fused stage and commit, or None to use the interceptor's generic versions. The
+        limits are the engine's: requests and drafts per request, rows per step."""
 
     def window_attention(self, impl: Any, window: int) -> None:
         """Makes ``impl`` attend to the last ``window`` tokens (draft context window)."""
@@ -164,7 +166,9 @@ def bind(runner: GPUModelRunner) -> NworInterceptor | None:
     def plain_write(layer_idx: int, key, value, slot_mapping) -> None:
         backend.plain_write(layers[layer_idx], key, value, slot_mapping)
 
-    stage_fn, commit_fn = backend.fused_ops(layers, buffer)
+    stage_fn, commit_fn = backend.fused_ops(layers, buffer, sched.max_num_seqs,
+                                            spec.num_speculative_tokens,
+                                            sched.max_num_batched_tokens)
     interceptor = NworInterceptor(
         buffer,
         plain_write,

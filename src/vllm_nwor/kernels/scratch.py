@@ -1,0 +1,181 @@
+"""Scratch blocks: where FlashAttention reads a staged verify step's chunk.
+
+NWOR keeps the last :func:`scratch_blocks` blocks of every layer's paged cache out of the
+scheduler's hands. Batch row ``i`` owns the ``per_request`` blocks from ``base + i *
+per_request``. In a verify step, a request with drafts (its last row is staged) attends through
+a block table in which its blocks from the one holding its first query row onward are its
+scratch blocks. Those hold, for every layer, the committed tokens that share the first such
+block (copied here) and the step's own rows (written by the stage kernel, beside the staging
+buffer and the cache). FlashAttention is then vLLM's own call over that table: the chunk is
+visible, and no draft is written to a block the scheduler gave a request.
+
+:func:`plan_scratch` is one launch per step, before the first layer's KV update. For every
+request it writes its row of ``table`` (vLLM's ``block_table`` with those entries replaced) and
+each of its rows' slot in the scratch blocks (``row_slots``, -1 for rows of requests without
+drafts), and for every layer copies the committed tokens of the first replaced block. Everything
+it reads is a device buffer, so a CUDA graph replays it with the step's values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_nwor.kernels._common import HAS_TRITON, Launcher, check, tl, triton, use_triton
+
+
+def scratch_blocks(max_num_seqs: int, num_spec_tokens: int, block_size: int) -> tuple[int, int]:
+    """``(per_request, total)``: a request's query rows (at most ``num_spec_tokens + 1``) span at
+    most ``1 + ceil(num_spec_tokens / block_size)`` blocks; every batch row has its own."""
+    per_request = 1 + -(-num_spec_tokens // block_size)
+    return per_request, max_num_seqs * per_request
+
+
+def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size):
+    """``(drafting, p0, lo, hi)`` for request ``req`` (the reference's scalar version)."""
+    start, end = int(qsl[req]), int(qsl[req + 1])
+    q = end - start
+    seq = int(seq_lens[req])
+    p0 = seq - q
+    last = end - 1
+    staged = q > 0 and last < row_stage_index.shape[0] and int(row_stage_index[last]) >= 0
+    lo, hi = p0 // block_size, (seq - 1) // block_size
+    drafting = staged and p0 >= 0 and hi < width
+    return drafting, start, p0, lo, hi
+
+
+def plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, table, row_slots,
+                           key_caches, value_caches, base, per_request) -> None:
+    num_reqs, width = block_table.shape
+    block_size = key_caches[0].shape[1]
+    for req in range(num_reqs):
+        drafting, start, p0, lo, hi = _request_plan(qsl, seq_lens, row_stage_index, req, width,
+                                                    block_size)
+        first = base + req * per_request
+        row = block_table[req].clone()
+        q = int(qsl[req + 1]) - start
+        if drafting:
+            row[lo:hi + 1] = torch.arange(first, first + hi - lo + 1, dtype=row.dtype)
+        table[req, :width] = row
+        pos = torch.arange(p0, p0 + q, device=row_slots.device)
+        slots = (first + pos // block_size - lo) * block_size + pos % block_size
+        row_slots[start:start + q] = slots if drafting else -1
+        src = int(block_table[req, lo]) if drafting else -1
+        if drafting and 0 <= src < base:
+            tail = p0 - lo * block_size
+            for caches in (key_caches, value_caches):
+                for cache in caches:
+                    cache[first, :tail] = cache[src, :tail]
+
+
+if HAS_TRITON:
+
+    @triton.jit(do_not_specialize=["num_stage_rows"])
+    def _plan_scratch_kernel(
+        block_table_ptr, bt_stride, table_ptr, table_stride, width,
+        qsl_ptr, seq_lens_ptr, stage_index_ptr, num_stage_rows, row_slots_ptr,
+        cache_base_ptr, key_offsets_ptr, value_offsets_ptr,
+        cache_stride_b, cache_stride_o, cache_stride_h,
+        base, per_request, block_size,
+        NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+    ):
+        req = tl.program_id(0).to(tl.int64)
+        layer = tl.program_id(1).to(tl.int64)
+        start = tl.load(qsl_ptr + req).to(tl.int64)
+        q = tl.load(qsl_ptr + req + 1).to(tl.int64) - start
+        seq = tl.load(seq_lens_ptr + req).to(tl.int64)
+        last = start + q - 1
+        staged = tl.load(stage_index_ptr + last, mask=(q > 0) & (last < num_stage_rows),
+                         other=-1) >= 0
+        p0 = seq - q
+        lo = p0 // block_size
+        hi = (seq - 1) // block_size
+        drafting = staged & (p0 >= 0) & (hi < width)
+        first = base + req * per_request
+        if layer == 0:
+            for w0 in range(0, width, BLOCK_W):
+                w = w0 + tl.arange(0, BLOCK_W)
+                ok = w < width
+                block = tl.load(block_table_ptr + req * bt_stride + w, mask=ok)
+                mine = drafting & (w >= lo) & (w <= hi)
+                block = tl.where(mine, (first + w - lo).to(block.dtype), block)
+                tl.store(table_ptr + req * table_stride + w, block, mask=ok)
+            for r0 in range(0, q, BLOCK_R):
+                r = r0 + tl.arange(0, BLOCK_R)
+                pos = p0 + r
+                slot = (first + pos // block_size - lo) * block_size + pos % block_size
+                slot = tl.where(drafting, slot, -1)
+                tl.store(row_slots_ptr + start + r, slot, mask=r < q)
+        if drafting:
+            src = tl.load(block_table_ptr + req * bt_stride + lo).to(tl.int64)
+            if (src >= 0) & (src < base):
+                tail = p0 - lo * block_size
+                key_offset = tl.load(key_offsets_ptr + layer)
+                value_offset = tl.load(value_offsets_ptr + layer)
+                t = tl.arange(0, BLOCK_T)[:, None, None]
+                h = tl.arange(0, BLOCK_H)[None, :, None]
+                d = tl.arange(0, BLOCK_D)[None, None, :]
+                inner = h * cache_stride_h + d
+                for t0 in range(0, tail, BLOCK_T):
+                    mask = (t0 + t < tail) & (h < NUM_HEADS) & (d < HEAD_SIZE)
+                    offset = (t0 + t) * cache_stride_o + inner
+                    from_ = src * cache_stride_b + offset
+                    to = first * cache_stride_b + offset
+                    k = tl.load(cache_base_ptr + key_offset + from_, mask=mask)
+                    v = tl.load(cache_base_ptr + value_offset + from_, mask=mask)
+                    tl.store(cache_base_ptr + key_offset + to, k, mask=mask)
+                    tl.store(cache_base_ptr + value_offset + to, v, mask=mask)
+
+    _PLAN = Launcher(_plan_scratch_kernel, num_warps=4)
+
+
+def plan_scratch(
+    block_table: torch.Tensor,
+    qsl: torch.Tensor,
+    seq_lens: torch.Tensor,
+    row_stage_index: torch.Tensor,
+    table: torch.Tensor,
+    row_slots: torch.Tensor,
+    key_caches: list[torch.Tensor],
+    value_caches: list[torch.Tensor],
+    offsets: tuple[torch.Tensor, torch.Tensor],
+    base: int,
+    per_request: int,
+) -> None:
+    """Plans a step's scratch blocks and copies the committed tails (see module docstring).
+
+    Shapes: block_table ``[R, W]`` int32 (vLLM's); qsl ``[R + 1]`` and seq_lens ``[>= R]``
+    int32; row_stage_index ``[n]``; table ``[>= R, >= W]`` int32; row_slots ``[>= qsl[R]]``
+    int64; the caches as :func:`~vllm_nwor.kernels.commit_kv.commit_kv` takes them, with
+    ``offsets`` from :func:`~vllm_nwor.kernels.commit_kv.cache_offsets`.
+    """
+    num_reqs, width = block_table.shape
+    check(num_reqs <= table.shape[0] and width <= table.shape[1],
+          f"block table {tuple(block_table.shape)} exceeds the scratch table "
+          f"{tuple(table.shape)}")
+    check(base + num_reqs * per_request <= key_caches[0].shape[0],
+          f"{num_reqs} requests' scratch blocks from block {base} exceed the cache's "
+          f"{key_caches[0].shape[0]} blocks")
+    if num_reqs == 0:
+        return
+    if not use_triton(block_table):
+        plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, table, row_slots,
+                               key_caches, value_caches, base, per_request)
+        return
+    first = key_caches[0]
+    _, block_size, num_heads, head_size = first.shape
+    strides = (block_table.stride(0), table.stride(0), first.stride(0), first.stride(1),
+               first.stride(2))
+    # num_stage_rows is not specialized; every other integer is fixed for an engine.
+    spec = (block_table.dtype, qsl.dtype, seq_lens.dtype, row_stage_index.dtype, first.dtype,
+            strides, width, base, per_request, block_size, num_heads, head_size,
+            row_stage_index.shape[0] > 0x7FFFFFFF)
+    _PLAN((num_reqs, len(key_caches), 1), spec, (
+        block_table, strides[0], table, strides[1], width,
+        qsl, seq_lens, row_stage_index, row_stage_index.shape[0], row_slots,
+        first, offsets[0], offsets[1], *strides[2:],
+        base, per_request, block_size,
+        num_heads, head_size, triton.next_power_of_2(num_heads),
+        triton.next_power_of_2(head_size), 64, 16, 4,
+    ))
