@@ -29,11 +29,13 @@ def setup(max_tokens=8, commit_fails=False):
     def plain_write(layer, key, value, slots):
         none = torch.zeros(0, dtype=torch.int64, device=DEVICE)
         stage_kv_reference(key, value, key_caches[layer], value_caches[layer], slots, none,
-                           buffer.key[layer], buffer.value[layer], buffer.slot_mapping)
+                           buffer.key[layer], buffer.value[layer], buffer.slot_mapping,
+                           torch.full(slots.shape, -1, dtype=torch.int64, device=DEVICE))
 
     def stage(layer, key, value, slots, row_stage_index, buf):
         stage_kv(key, value, key_caches[layer], value_caches[layer], slots,
-                 row_stage_index, buf.key[layer], buf.value[layer], buf.slot_mapping)
+                 row_stage_index, buf.key[layer], buf.value[layer], buf.slot_mapping,
+                 torch.full(slots.shape, -1, dtype=torch.int64, device=DEVICE))  # no scratch
 
     def commit(buf, verdict):  # as the FLASH_ATTN backend commits: the verdict in the kernel
         if commit_fails:

@@ -138,12 +138,16 @@ def attention_layers(model: torch.nn.Module) -> list[Attention]:
     ]
 
 
-def bind(runner: GPUModelRunner) -> NworInterceptor | None:
-    """Builds the interceptor and binds it to every target layer (a no-op when NWOR is off)."""
+def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | None:
+    """Builds the interceptor and binds it to every target layer (a no-op when NWOR is off).
+
+    ``profiling``: the KV cache is vLLM's minimal one, on which it measures CUDA graphs' memory
+    and which it then discards. It has no room for NWOR's scratch blocks, so NWOR stays unbound
+    until the real cache exists."""
     config = config_from_additional(runner.vllm_config.additional_config)
     setattr(runner, SYNTHETIC_ATTR, config.synthetic_acceptance_per_request)
     setattr(runner, INTERCEPTOR_ATTR, None)
-    if not config.nwor:
+    if not config.nwor or profiling:
         return None
     layers = attention_layers(runner.get_model())
     if not layers:
@@ -216,9 +220,9 @@ def _check_one_kv_cache_group(runner: GPUModelRunner, layers: list[Attention]) -
 
 
 def _wrap_initialize_kv_cache(initialize_kv_cache):
-    def wrapper(self, *args, **kwargs):
-        initialize_kv_cache(self, *args, **kwargs)
-        bind(self)
+    def wrapper(self, kv_cache_config, is_profiling: bool = False):
+        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling)
+        bind(self, profiling=is_profiling)
 
     return wrapper
 
