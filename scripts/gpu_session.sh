@@ -38,10 +38,10 @@ before() {  # before NAME WHAT ARGS...: a step run from the _before tree
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 stream0() {
-  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
   step engine tests tests/gpu/test_engine_gpu.py -k "default_settings or draft_model_no_rejected"
-  [ -d _before/src ] && before layer_gpu_before nwor_layer_gpu --label before
   step layer_gpu_after nwor_layer_gpu --label after
+  [ -d _before/src ] && before layer_gpu_before nwor_layer_gpu --label before
+  step fallbacks tests tests/gpu/test_fallbacks_gpu.py
   step aa_dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 --reps 3 \
     --min-requests 32 --aa
 }
