@@ -23,27 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the twenty-sixth session, second machine): verify attention through scratch
-# blocks (vLLM's own FlashAttention call over a block table whose drafting requests' last blocks
-# hold the step's chunk) in place of FA over the prefix plus the chunk-and-merge kernel. The
-# kernel tests; the engine tests of NWOR on and off (tokens now identical) and of the cache
-# audit; the GPU time of a verify step's layers for the code before (_before: the tree of
-# dd62e37, run with its own benchmark scripts) and after; NWOR on/off beside an A/A control.
-before() {  # before NAME WHAT ARGS...: a step run from the _before tree
-  local name=$1; shift
-  [ -e "$OUT/$name.done" ] && return
-  echo "=== $name start $(date +%T)"
-  (cd _before && NWOR_SRC=$PWD STEP=$name bash scripts/gpu_suite.sh "$@" > /dev/null 2>&1
-   echo "$?" > "$OUT/$name.done")
-  echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
-}
+# This plan (for the twenty-seventh session): NWOR's verify attention through scratch blocks
+# (a6c4585) where it has not run yet: all GPU tests; the layers' GPU time at batch 256; NWOR
+# on/off beside an A/A control for ngram and for batch 128; then SCV at batch 128 and 256.
 stream0() {
-  step engine tests tests/gpu/test_engine_gpu.py -k "default_settings or draft_model_no_rejected"
-  step layer_gpu_after nwor_layer_gpu --label after
-  [ -d _before/src ] && before layer_gpu_before nwor_layer_gpu --label before
-  step fallbacks tests tests/gpu/test_fallbacks_gpu.py
-  step aa_dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 --reps 3 \
+  step tests tests
+  step layer_gpu nwor_layer_gpu --label scratch
+  step aa_ngram nwor_overhead --method ngram --k 4 8 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
     --min-requests 32 --aa
+  step aa_dm_b128 nwor_overhead --method draft_model --k 4 8 --L 1.5 3.0 --batches 128 \
+    --reps 3 --min-requests 32 --aa
+  step scv_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
+    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
