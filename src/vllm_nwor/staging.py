@@ -106,7 +106,8 @@ class IndexUploader:
     def __init__(self, capacity: int, device: torch.device | str) -> None:
         self.device = torch.device(device)
         pin = self.device.type == "cuda"
-        self._device_buffer = torch.empty(capacity, dtype=torch.int64, device=self.device)
+        # -1 until a step writes it: a graph captured before any step reads "write every row".
+        self._device_buffer = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         self._host = [torch.empty(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._events: list = [None, None]
         self._turn = 0
