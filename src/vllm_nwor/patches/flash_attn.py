@@ -55,8 +55,8 @@ def _split_cache(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 class Scratch:
     """The scratch blocks of one engine's target layers (see :mod:`vllm_nwor.kernels.scratch`).
 
-    The table and the row slots are allocated once (the table when the first step shows vLLM's
-    block table width), so CUDA graphs read them at fixed addresses.
+    The table and the row slots are allocated once (the table when the first staged call shows
+    vLLM's block table width), so CUDA graphs read them at fixed addresses.
     """
 
     def __init__(self, layers: list, key_caches: list[torch.Tensor],
@@ -87,9 +87,12 @@ class Scratch:
             raise ValueError("no attention metadata for the first target layer (micro-batches "
                              "are not supported)")
         width = md.block_table.shape[1]
-        if self.table.shape[1] != width:
+        if self.table.shape[1] == 0:  # vLLM's block table keeps its width: allocated once
             self.table = torch.zeros((self.max_num_seqs, width), dtype=torch.int32,
                                      device=self.row_slots.device)
+        elif self.table.shape[1] != width:  # captured graphs read this table: never moved
+            raise ValueError(f"vLLM's block table is {width} blocks wide, the scratch table "
+                             f"{self.table.shape[1]}")
         key_caches, value_caches, offsets = self.caches
         plan_scratch(md.block_table, md.query_start_loc, md.seq_lens, row_stage_index,
                      self.table, self.row_slots, key_caches, value_caches, offsets, self.base,
