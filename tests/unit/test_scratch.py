@@ -47,3 +47,46 @@ def test_plan_redirects_drafting_requests_to_their_scratch_blocks_and_copies_the
     assert torch.equal(cache[first, :2], before[5, :2])
     changed = (cache != before).flatten(1).any(1).nonzero().flatten().tolist()
     assert changed == [first], "only the scratch block is written"
+
+
+# -- the engine core keeps the scratch blocks from the scheduler --------------------------------
+
+
+def _engine_config(num_blocks, max_num_seqs=8, k=4, max_model_len=256, nwor=True):
+    from types import SimpleNamespace
+
+    vllm_config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        additional_config={"nwor": nwor},
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        cache_config=SimpleNamespace(block_size=16, num_gpu_blocks=num_blocks),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+    )
+    return vllm_config, SimpleNamespace(num_blocks=num_blocks)
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    from vllm_nwor.patches import engine_core
+
+    monkeypatch.setattr(engine_core.current_platform, "is_cuda", lambda: True)
+    return engine_core
+
+
+def test_the_scheduler_gets_the_cache_less_the_scratch_blocks(on_cuda):
+    vllm_config, kv_cache_config = _engine_config(100)
+    initialize = on_cuda._wrap_initialize_kv_caches(lambda self, config: kv_cache_config)
+    assert initialize(None, vllm_config).num_blocks == 100 - 8 * 2
+    assert vllm_config.cache_config.num_gpu_blocks == 84
+    off_config, off_kv = _engine_config(100, nwor=False)
+    assert on_cuda._wrap_initialize_kv_caches(lambda self, c: off_kv)(None, off_config) \
+        .num_blocks == 100
+
+
+def test_too_small_a_cache_fails_at_start_up_naming_the_numbers(on_cuda):
+    vllm_config, kv_cache_config = _engine_config(30, max_model_len=256)  # 16 kept, 14 < 16
+    initialize = on_cuda._wrap_initialize_kv_caches(lambda self, config: kv_cache_config)
+    from vllm_nwor.config import NworConfigError
+
+    with pytest.raises(NworConfigError, match=r"keeps 16 KV blocks.*leaves 14.*needs \(16\)"):
+        initialize(None, vllm_config)
