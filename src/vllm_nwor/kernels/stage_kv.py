@@ -54,21 +54,32 @@ def stage_kv_reference(
     staged_key[idx] = key[:n][staged]
     staged_value[idx] = value[:n][staged]
     staged_slots[idx] = slot_mapping[staged].long()
-    direct = (~staged) & (slot_mapping >= 0)
-    slots = slot_mapping[direct].long()
     block_size = key_cache.shape[1]
-    blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key[:n][direct]
-    value_cache[blocks, offsets] = value[:n][direct]
+
+    def write(rows: torch.Tensor, slots: torch.Tensor) -> None:
+        blocks, offsets = slots // block_size, slots % block_size
+        key_cache[blocks, offsets] = key[:n][rows]
+        value_cache[blocks, offsets] = value[:n][rows]
+
+    direct = (~staged) & (slot_mapping >= 0)
+    write(direct, slot_mapping[direct].long())
     scratch = scratch_slots[:n].long()
     to_scratch = (scratch >= 0) & (slot_mapping >= 0)
-    slots = scratch[to_scratch]
-    blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key[:n][to_scratch]
-    value_cache[blocks, offsets] = value[:n][to_scratch]
+    write(to_scratch, scratch[to_scratch])
 
 
 if HAS_TRITON:
+
+    @triton.jit
+    def _write_at_slot(key_cache_ptr, value_cache_ptr, slot, block_size, kc_stride_b, kc_stride_o,
+                       kc_stride_h, vc_stride_b, vc_stride_o, vc_stride_h, h, d, k, v, mask):
+        """One row's K/V into the cache at ``slot``, as vLLM lays it out."""
+        block = slot // block_size
+        offset = slot % block_size
+        k_dst = block * kc_stride_b + offset * kc_stride_o + h * kc_stride_h + d
+        v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
+        tl.store(key_cache_ptr + k_dst, k, mask=mask)
+        tl.store(value_cache_ptr + v_dst, v, mask=mask)
 
     @triton.jit(do_not_specialize=["num_stage_rows"])
     def _stage_kv_kernel(
@@ -97,20 +108,14 @@ if HAS_TRITON:
             tl.store(staged_value_ptr + dst, v, mask=mask)
             tl.store(staged_slot_ptr + index, slot)
         else:
-            block = slot // block_size
-            offset = slot % block_size
-            k_dst = block * kc_stride_b + offset * kc_stride_o + h * kc_stride_h + d
-            v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
-            tl.store(key_cache_ptr + k_dst, k, mask=mask)
-            tl.store(value_cache_ptr + v_dst, v, mask=mask)
+            _write_at_slot(key_cache_ptr, value_cache_ptr, slot, block_size, kc_stride_b,
+                           kc_stride_o, kc_stride_h, vc_stride_b, vc_stride_o, vc_stride_h,
+                           h, d, k, v, mask)
         scratch = tl.load(scratch_slot_ptr + row).to(tl.int64)
         if scratch >= 0:
-            block = scratch // block_size
-            offset = scratch % block_size
-            k_dst = block * kc_stride_b + offset * kc_stride_o + h * kc_stride_h + d
-            v_dst = block * vc_stride_b + offset * vc_stride_o + h * vc_stride_h + d
-            tl.store(key_cache_ptr + k_dst, k, mask=mask)
-            tl.store(value_cache_ptr + v_dst, v, mask=mask)
+            _write_at_slot(key_cache_ptr, value_cache_ptr, scratch, block_size, kc_stride_b,
+                           kc_stride_o, kc_stride_h, vc_stride_b, vc_stride_o, vc_stride_h,
+                           h, d, k, v, mask)
 
     _STAGE = Launcher(_stage_kv_kernel)
 
