@@ -31,7 +31,7 @@ def scratch_blocks(max_num_seqs: int, num_spec_tokens: int, block_size: int) -> 
 
 
 def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size):
-    """``(drafting, p0, lo, hi)`` for request ``req`` (the reference's scalar version)."""
+    """``(drafting, start, p0, lo, hi)`` for request ``req`` (the reference's scalar version)."""
     start, end = int(qsl[req]), int(qsl[req + 1])
     q = end - start
     seq = int(seq_lens[req])

@@ -59,7 +59,7 @@ class Scratch:
     vLLM's block table width), so CUDA graphs read them at fixed addresses.
     """
 
-    def __init__(self, layers: list, key_caches: list[torch.Tensor],
+    def __init__(self, first_layer: str, key_caches: list[torch.Tensor],
                  value_caches: list[torch.Tensor], offsets: tuple[torch.Tensor, torch.Tensor],
                  max_num_seqs: int, num_spec_tokens: int, max_rows: int) -> None:
         num_blocks, block_size = key_caches[0].shape[:2]
@@ -70,7 +70,7 @@ class Scratch:
                 f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
                 f"has {num_blocks}")
         self.base = num_blocks - total  # the engine core kept these from the scheduler
-        self.first_layer = layers[0].layer_name
+        self.first_layer = first_layer  # whose forward-context metadata the plan reads
         self.caches = (key_caches, value_caches, offsets)
         self.max_num_seqs = max_num_seqs
         device = key_caches[0].device
@@ -162,8 +162,8 @@ class FlashAttnBackend:
         key_caches = [k for k, _ in caches]
         value_caches = [v for _, v in caches]
         offsets = cache_offsets(key_caches, value_caches)
-        scratch = self.scratch = Scratch(layers, key_caches, value_caches, offsets, max_num_seqs,
-                                         num_spec_tokens, max_rows)
+        scratch = self.scratch = Scratch(layers[0].layer_name, key_caches, value_caches, offsets,
+                                         max_num_seqs, num_spec_tokens, max_rows)
         # Checks the layouts, and compiles the commit before any step: one token, rejected
         # (nothing is written or counted).
         device = buffer.key.device
