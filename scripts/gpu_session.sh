@@ -24,11 +24,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 }
 
 # This plan (for the twenty-seventh session): NWOR's verify attention through scratch blocks
-# (a6c4585) where it has not run yet: all GPU tests; the layers' GPU time at batch 256; NWOR
-# on/off beside an A/A control for ngram and for batch 128; then SCV at batch 128 and 256.
+# (a6c4585) where it has not run yet: the layers' GPU time at batch 256; one profiled run of the
+# cell that lost 3% under both designs (draft_model, k = 4, L = 1.5, batch 8); all GPU tests;
+# NWOR on/off beside an A/A control for ngram and for batch 128; then SCV at batch 128 and 256.
 stream0() {
-  step tests tests
   step layer_gpu nwor_layer_gpu --label scratch
+  step profile_dm_b8 nwor_overhead --method draft_model --k 4 --L 1.5 --batches 8 --reps 3 \
+    --min-requests 32 --profile-batches 8 --profile-L 1.5
+  step tests tests
   step aa_ngram nwor_overhead --method ngram --k 4 8 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
     --min-requests 32 --aa
   step aa_dm_b128 nwor_overhead --method draft_model --k 4 8 --L 1.5 3.0 --batches 128 \
