@@ -10,6 +10,10 @@ over more requests, so that small batches run long enough to time):
 - output throughput (generated tokens / wall time of ``LLM.generate``), on/off ratio;
 - median inter-token latency (per request ``(last - first token) / (tokens - 1)``, median over
   requests), on/off ratio;
+- the engine's steps (``LLMEngine.step`` calls, timed in the engine process): each run's
+  median step and 10%-trimmed mean step, on/off per repetition, then the median. A run's wall
+  time carries its pauses and its tail; the median step is what a request waits for each step
+  in steady state, the finer measure of a per-step cost;
 - persistent KV bytes the target model wrote per generated token, counted: prompt tokens plus
   every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``);
 - greedy token agreement between the two engines' outputs.
@@ -172,7 +176,14 @@ def compare(base: list[dict], other: list[dict]) -> dict:
         rate, diverged = agreement(a["tokens"], b["tokens"])
         rates.append(rate)
         divergences += diverged
+    steps = [(a["step_ms"], b["step_ms"]) for a, b in zip(base, other, strict=True)
+             if a.get("step_ms") and b.get("step_ms")]
+
+    def step_ratio(key: str) -> float | None:
+        return statistics.median(b[key] / a[key] for a, b in steps) if steps else None
+
     return {"throughput": statistics.median(other_tps) / statistics.median(base_tps),
+            "step_median": step_ratio("median"), "step_trimmed": step_ratio("trimmed_mean"),
             "paired": statistics.median(b / a for a, b in zip(base_tps, other_tps, strict=True)),
             "itl": other_itl / base_itl, "agreement": statistics.mean(rates),
             "divergences": divergences, "base_tps": base_tps, "other_tps": other_tps,
@@ -196,6 +207,11 @@ def summarise(method, k, L, batch, results) -> dict:
             kv_bytes_per_generated_token(r, r["prompts"]) for r in off)),
         "token_agreement": round(ratios["agreement"], 5),
         "divergences_first_position": ratios["divergences"],
+        # Engine steps, each repetition's pair: median step and 10%-trimmed mean step, on/off.
+        "step_ratio": _round(ratios["step_median"]),
+        "step_ratio_trimmed": _round(ratios["step_trimmed"]),
+        "step_ms_reps": {"off": [r.get("step_ms") for r in off],
+                         "on": [r.get("step_ms") for r in on]},
         "tok_s": {"off": round(statistics.median(off_reps), 1),
                   "on": round(statistics.median(on_reps), 1)},
         # Each repetition's pair (the two runs of a rep are back to back): the spread is the
@@ -212,6 +228,10 @@ def summarise(method, k, L, batch, results) -> dict:
     }
 
 
+def _round(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 4)
+
+
 def a_over_a(results) -> dict:
     """With ``--aa``: the second plugin-off engine over the first, as on/off is reported. Two
     engines that differ in nothing show how far a cell's ratio moves by chance (which engine
@@ -222,13 +242,22 @@ def a_over_a(results) -> dict:
     ratios = compare(results["off"], results["off_b"])
     off, off_b = ratios["base_tps"], ratios["other_tps"]
     on = [tokens_per_second(r) for r in results["on"]]
+    steps = [(a["step_ms"], b["step_ms"], c["step_ms"])
+             for a, b, c in zip(results["off"], results["off_b"], results["on"], strict=True)
+             if a.get("step_ms") and b.get("step_ms") and c.get("step_ms")]
+    over_both_steps = statistics.median(
+        c["median"] / ((a["median"] + b["median"]) / 2) for a, b, c in steps) if steps else None
     return {"aa_throughput_ratio": round(ratios["throughput"], 4),
+            "aa_step_ratio": _round(ratios["step_median"]),
+            "aa_step_ratio_trimmed": _round(ratios["step_trimmed"]),
+            "step_ms_reps_off_b": [r.get("step_ms") for r in results["off_b"]],
             "aa_throughput_ratio_paired": round(ratios["paired"], 4),
             "aa_itl_ratio": round(ratios["itl"], 4),
             "aa_token_agreement": round(ratios["agreement"], 5),
             "tok_s_reps_off_b": [round(t, 1) for t in off_b],
             "throughput_ratio_over_both_off_paired": round(statistics.median(
-                c / ((a + b) / 2) for a, b, c in zip(off, off_b, on, strict=True)), 4)}
+                c / ((a + b) / 2) for a, b, c in zip(off, off_b, on, strict=True)), 4),
+            "step_ratio_over_both_off": _round(over_both_steps)}
 
 
 def merge(jsonl: Path, result: Path) -> None:

@@ -23,21 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the twenty-seventh session): NWOR's verify attention through scratch blocks
-# (a6c4585) where it has not run yet: the layers' GPU time at batch 256; one profiled run of the
-# cell that lost 3% under both designs (draft_model, k = 4, L = 1.5, batch 8); all GPU tests;
-# NWOR on/off beside an A/A control for ngram and for batch 128; then SCV at batch 128 and 256.
+# This plan (the twenty-seventh session's second machine): NWOR on/off beside an A/A control with
+# each run's engine steps timed (median step per repetition), draft_model and ngram at k = 4,
+# batch 8 to 128; then the host time of an eager verify layer with scratch blocks.
 stream0() {
-  step layer_gpu nwor_layer_gpu --label scratch
-  step profile_dm_b8 nwor_overhead --method draft_model --k 4 --L 1.5 --batches 8 --reps 3 \
-    --min-requests 32 --profile-batches 8 --profile-L 1.5
-  step tests tests
-  step aa_ngram nwor_overhead --method ngram --k 4 8 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
-    --min-requests 32 --aa
-  step aa_dm_b128 nwor_overhead --method draft_model --k 4 8 --L 1.5 3.0 --batches 128 \
+  step aa_dm_k4_steps nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 128 \
     --reps 3 --min-requests 32 --aa
-  step scv_b128_b256 scv_bench --policies no_spec fixed_k2 scv --batches 128 256 \
-    --workloads uniform_L3 uniform_L4 mixed_L1.2_and_full --reps 2
+  step aa_ngram_k4_steps nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 \
+    --reps 3 --min-requests 32 --aa
+  step layer_host nwor_layer_host --label scratch
 }
 
 gpus=$(nvidia-smi -L | wc -l)
