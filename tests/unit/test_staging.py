@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from vllm_nwor.kernels._common import HAS_TRITON, next_power_of_2, triton
 from vllm_nwor.kernels.stage_kv import stage_kv
 from vllm_nwor.staging import (
     PAD_SLOT_ID,
@@ -126,6 +127,16 @@ def test_each_index_array_starts_on_a_16_byte_boundary():
     assert NUM_ROWS % 2 == 1 and len(step.draft_rows) % 2 == 1  # odd lengths: padding needed
     assert [v.data_ptr() % 16 for v in views] == [0, 0, 0, 0]
     assert step.row_stage_index.data_ptr() == uploader._device_buffer.data_ptr()  # graphs read it
+
+
+@pytest.mark.parametrize("n,want", [(0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (128, 128),
+                                    (129, 256)])
+def test_the_kernels_host_next_power_of_2_is_tritons(n, want):
+    """The kernel wrappers' constexpr sizes come from a host helper, not from Triton's constexpr
+    function (about 2 µs a call); both must give the same sizes."""
+    assert next_power_of_2(n) == want
+    if HAS_TRITON:
+        assert all(next_power_of_2(m) == triton.next_power_of_2(m) for m in range(n + 1))
 
 
 def test_the_verdict_reads_the_sampler_output():

@@ -29,6 +29,7 @@ from vllm_nwor.kernels._common import (
     check_inner_contiguous,
     check_same_device,
     check_shape,
+    next_power_of_2,
     tl,
     triton,
     use_triton,
@@ -183,8 +184,8 @@ def commit_kv(
     _COMMIT((num_tokens, num_layers, 1), spec, (
         staged_key, staged_value, slots, first, key_offsets, value_offsets, block_size,
         *strides[:6], sampled, strides[6], token_req, token_pos, committed,
-        num_heads, head_size, triton.next_power_of_2(num_heads),
-        triton.next_power_of_2(head_size), verdict is not None,
+        num_heads, head_size, next_power_of_2(num_heads),
+        next_power_of_2(head_size), verdict is not None,
     ))
 
 

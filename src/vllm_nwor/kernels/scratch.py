@@ -20,7 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from vllm_nwor.kernels._common import HAS_TRITON, Launcher, check, tl, triton, use_triton
+from vllm_nwor.kernels._common import (
+    HAS_TRITON,
+    Launcher,
+    check,
+    next_power_of_2,
+    tl,
+    triton,
+    use_triton,
+)
 
 
 def scratch_blocks(max_num_seqs: int, num_spec_tokens: int, block_size: int) -> tuple[int, int]:
@@ -176,6 +184,6 @@ def plan_scratch(
         qsl, seq_lens, row_stage_index, row_stage_index.shape[0], row_slots,
         first, offsets[0], offsets[1], *strides[2:],
         base, per_request, block_size,
-        num_heads, head_size, triton.next_power_of_2(num_heads),
-        triton.next_power_of_2(head_size), 64, 16, 4,
+        num_heads, head_size, next_power_of_2(num_heads),
+        next_power_of_2(head_size), 64, 16, 4,
     ))

@@ -27,6 +27,7 @@ from vllm_nwor.kernels._common import (
     check_inner_contiguous,
     check_same_device,
     check_shape,
+    next_power_of_2,
     tl,
     triton,
     use_triton,
@@ -166,8 +167,8 @@ def stage_kv(
         key, value, key_cache, value_cache,
         slot_mapping, row_stage_index, staged_key, staged_value, staged_slots, scratch_slots,
         num_stage_rows, block_size, *strides,
-        num_heads, head_size, triton.next_power_of_2(num_heads),
-        triton.next_power_of_2(head_size),
+        num_heads, head_size, next_power_of_2(num_heads),
+        next_power_of_2(head_size),
     ))
 
 
