@@ -156,9 +156,8 @@ def stage_kv(
                            staged_key, staged_value, staged_slots, scratch_slots)
         return
     num_stage_rows = row_stage_index.shape[0]
-    strides = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-               *key_cache.stride()[:3], *value_cache.stride()[:3],
-               staged_key.stride(0), staged_key.stride(1))
+    strides = (*key.stride()[:2], *value.stride()[:2], *key_cache.stride()[:3],
+               *value_cache.stride()[:3], *staged_key.stride()[:2])
     block_size = key_cache.shape[1]
     # num_stage_rows is not specialized: only its width is part of the key.
     spec = (key.dtype, slot_mapping.dtype, row_stage_index.dtype, scratch_slots.dtype,
