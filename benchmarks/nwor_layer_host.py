@@ -14,7 +14,12 @@ stage, split attention, commit), and reports per step:
 - ``update_us`` / ``forward_us``: the same, per layer, for the KV update and the attention;
 - ``gpu_ms``: the step's GPU time between two events.
 
-Both sides run in one process, alternating. The plugin's code is whatever ``vllm_nwor`` imports
+A third side, ``nwor_stage_only``, is a diagnostic: NWOR's KV update (stage and scratch plan)
+followed by vLLM's own attention (its output then misses the drafts: only host time counts). Its
+``forward_us`` tells whether the attention's extra host time under NWOR is its own (the scratch
+metadata) or the stage launch's before it.
+
+The sides run in one process, alternating. The plugin's code is whatever ``vllm_nwor`` imports
 (``PYTHONPATH`` chooses a checkout), so two versions are compared by running this twice, and
 ``--label`` names the version in the output.
 
@@ -153,9 +158,15 @@ NWOR_UPDATE = wrap_kv_cache_update(VLLM_UPDATE)
 NWOR_FORWARD = nwor_fa._wrap_forward(VLLM_FORWARD)
 
 
-def run_step(step: Step, nwor: bool) -> tuple[float, float, float]:
+SIDES = {"vllm": (VLLM_UPDATE, VLLM_FORWARD, False),
+         "nwor": (NWOR_UPDATE, NWOR_FORWARD, True),
+         "nwor_stage_only": (NWOR_UPDATE, VLLM_FORWARD, True)}
+"""Each side's KV update, attention, and whether it runs NWOR's step (begin, commit)."""
+
+
+def run_step(step: Step, side: str) -> tuple[float, float, float]:
     """Issues one step; returns host seconds in all, in KV updates and in attention."""
-    update, forward = (NWOR_UPDATE, NWOR_FORWARD) if nwor else (VLLM_UPDATE, VLLM_FORWARD)
+    update, forward, nwor = SIDES[side]
     clock = time.perf_counter
     start = clock()
     with override_forward_context(step.context):
@@ -184,13 +195,13 @@ def _run_layers(step: Step, nwor: bool, update, forward) -> tuple[float, float]:
     return in_update, in_forward
 
 
-def measure(step: Step, nwor: bool, steps: int) -> dict:
+def measure(step: Step, side: str, steps: int) -> dict:
     host, updates, forwards, gpu = [], [], [], []
     for _ in range(steps):
         torch.cuda.synchronize()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        total, in_update, in_forward = run_step(step, nwor)
+        total, in_update, in_forward = run_step(step, side)
         end.record()
         torch.cuda.synchronize()
         host.append(total)
@@ -215,7 +226,7 @@ def merge(jsonl: Path, result: Path) -> None:
     for (batch, k, no_draft, label), runs in sorted(groups.items()):
         cell = {"batch": batch, "k": k, "no_draft_share": no_draft, "label": label,
                 "runs": len(runs), "rows": runs[0]["rows"]}
-        for side in ("vllm", "nwor"):
+        for side in (s for s in SIDES if s in runs[0]):
             cell[side] = {name: round(statistics.median(r[side][name] for r in runs), 4)
                           for name in runs[0][side]}
         cell["host_ratio"] = round(cell["nwor"]["host_ms"] / cell["vllm"]["host_ms"], 4)
@@ -248,12 +259,12 @@ def main() -> None:
         return
     for batch, k, no_draft in CASES:
         step = Step(batch, k, no_draft, args.context, args.layers)
-        for nwor in (False, True):  # warm-up: compiles
-            measure(step, nwor, 3)
-        rounds = {"vllm": [], "nwor": []}
-        for r in range(args.rounds):  # alternating, order flipped every round
-            for nwor in ((False, True) if r % 2 == 0 else (True, False)):
-                rounds["nwor" if nwor else "vllm"].append(measure(step, nwor, args.steps))
+        for side in SIDES:  # warm-up: compiles
+            measure(step, side, 3)
+        rounds: dict[str, list] = {side: [] for side in SIDES}
+        for r in range(args.rounds):  # alternating, order reversed every other round
+            for side in (list(SIDES) if r % 2 == 0 else list(SIDES)[::-1]):
+                rounds[side].append(measure(step, side, args.steps))
         row = {"label": args.label, "batch": batch, "k": k, "no_draft_share": no_draft,
                "rows": step.metadata.num_actual_tokens, "layers": args.layers}
         for side, results in rounds.items():
