@@ -23,15 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the twenty-seventh session's second machine): NWOR on/off beside an A/A control with
-# each run's engine steps timed (median step per repetition), draft_model and ngram at k = 4,
-# batch 8 to 128; then the host time of an eager verify layer with scratch blocks.
+# This plan (for the twenty-eighth session): the kernel wrappers' host trims (a host
+# next_power_of_2, fewer stride() calls) under the kernel tests and two engine tests; the eager
+# layers' host time again, with the diagnostic side that tells whose the attention's extra is;
+# ngram on/off beside A/A at k = 4, where the first machine of the twenty-seventh session leaned
+# below 1; then SCV at batch 1 and 32, where it loses most.
 stream0() {
-  step aa_dm_k4_steps nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 128 \
-    --reps 3 --min-requests 32 --aa
-  step aa_ngram_k4_steps nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 \
-    --reps 3 --min-requests 32 --aa
-  step layer_host nwor_layer_host --label scratch
+  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
+  step layer_host nwor_layer_host --label host_trims
+  step engine tests tests/gpu/test_engine_gpu.py -k "default_settings or no_rejected"
+  step aa_ngram_k4 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
+    --min-requests 32 --aa
+  step scv_b1_b32 scv_bench --batches 1 32 --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
