@@ -224,6 +224,7 @@ def engine_main(conn, kwargs: dict) -> None:
         before, scv_before = snapshot(), scv_state()
         gc_pauses.clear()
         step_seconds.clear()
+        clocks = ClockSampler()
         start = time.perf_counter()
         if concurrency is None:
             outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
@@ -231,6 +232,7 @@ def engine_main(conn, kwargs: dict) -> None:
         else:
             outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency)
         seconds = time.perf_counter() - start
+        gpu_clocks = clocks.stop()
         tables = {}
         if profiler is not None:
             python_profiler.disable()
@@ -267,7 +269,51 @@ def engine_main(conn, kwargs: dict) -> None:
             "scv": scv,
             "gc_pauses": list(gc_pauses),
             "step_ms": step_summary(step_seconds),
+            "gpu_clocks": gpu_clocks,
         })
+
+
+class ClockSampler:
+    """Samples the GPU's SM clock (MHz) and power (W) through NVML every ``interval`` seconds in
+    a thread, from construction to :meth:`stop`. Benchmark diagnostics: whole runs of one engine
+    came at 1.3-1.7x its other runs' median step on one H200 (2026-11-23), on either side of a
+    comparison; a run's clocks tell a slowed card from a slowed host. None where NVML does not
+    answer (no GPU, no nvidia-ml-py)."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        import threading
+
+        self._samples: list[tuple[int, float]] = []
+        self._done = threading.Event()
+        self._thread = None
+        if self._sample():
+            self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> bool:
+        try:
+            import torch
+
+            self._samples.append((torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000))
+            return True
+        except Exception:  # no GPU, no NVML: nothing to report
+            return False
+
+    def _loop(self, interval: float) -> None:
+        while not self._done.wait(interval) and self._sample():
+            pass
+
+    def stop(self) -> dict | None:
+        """The run's samples: how many, SM clock median and minimum, power median."""
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self._samples:
+            return None
+        mhz = [m for m, _ in self._samples]
+        return {"samples": len(mhz), "sm_mhz_median": statistics.median(mhz),
+                "sm_mhz_min": min(mhz),
+                "power_w_median": round(statistics.median(w for _, w in self._samples), 1)}
 
 
 def time_engine_steps(llm) -> list[float]:

@@ -212,6 +212,9 @@ def summarise(method, k, L, batch, results) -> dict:
         "step_ratio_trimmed": _round(ratios["step_trimmed"]),
         "step_ms_reps": {"off": [r.get("step_ms") for r in off],
                          "on": [r.get("step_ms") for r in on]},
+        # Each run's GPU clocks (NVML samples): tells a slowed card from a slowed host.
+        "gpu_clocks_reps": {name: [r.get("gpu_clocks") for r in runs]
+                            for name, runs in results.items()},
         "tok_s": {"off": round(statistics.median(off_reps), 1),
                   "on": round(statistics.median(on_reps), 1)},
         # Each repetition's pair (the two runs of a rep are back to back): the spread is the
