@@ -14,6 +14,8 @@ over more requests, so that small batches run long enough to time):
   median step and 10%-trimmed mean step, on/off per repetition, then the median. A run's wall
   time carries its pauses and its tail; the median step is what a request waits for each step
   in steady state, the finer measure of a per-step cost;
+- each run's GPU clocks (SM MHz and power sampled through NVML), to tell a slowed card from a
+  slowed host;
 - persistent KV bytes the target model wrote per generated token, counted: prompt tokens plus
   every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``);
 - greedy token agreement between the two engines' outputs.
