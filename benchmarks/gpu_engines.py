@@ -225,6 +225,7 @@ def engine_main(conn, kwargs: dict) -> None:
         gc_pauses.clear()
         step_seconds.clear()
         clocks = ClockSampler()
+        host_before = host_usage()
         start = time.perf_counter()
         if concurrency is None:
             outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
@@ -233,6 +234,7 @@ def engine_main(conn, kwargs: dict) -> None:
             outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency)
         seconds = time.perf_counter() - start
         gpu_clocks = clocks.stop()
+        host = {key: round(value - host_before[key], 4) for key, value in host_usage().items()}
         tables = {}
         if profiler is not None:
             python_profiler.disable()
@@ -270,6 +272,7 @@ def engine_main(conn, kwargs: dict) -> None:
             "gc_pauses": list(gc_pauses),
             "step_ms": step_summary(step_seconds),
             "gpu_clocks": gpu_clocks,
+            "host": host,
         })
 
 
@@ -314,6 +317,17 @@ class ClockSampler:
         return {"samples": len(mhz), "sm_mhz_median": statistics.median(mhz),
                 "sm_mhz_min": min(mhz),
                 "power_w_median": round(statistics.median(w for _, w in self._samples), 1)}
+
+
+def host_usage() -> dict:
+    """This process's CPU seconds and context switches so far (``getrusage``). Over a run, CPU
+    seconds well under the wall time of a host-bound loop, or many involuntary switches, say the
+    host was taken from it (benchmark diagnostics, beside :class:`ClockSampler`)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "involuntary_switches": usage.ru_nivcsw, "voluntary_switches": usage.ru_nvcsw}
 
 
 def time_engine_steps(llm) -> list[float]:

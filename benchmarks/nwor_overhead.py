@@ -14,8 +14,8 @@ over more requests, so that small batches run long enough to time):
   median step and 10%-trimmed mean step, on/off per repetition, then the median. A run's wall
   time carries its pauses and its tail; the median step is what a request waits for each step
   in steady state, the finer measure of a per-step cost;
-- each run's GPU clocks (SM MHz and power sampled through NVML), to tell a slowed card from a
-  slowed host;
+- each run's GPU clocks (SM MHz and power sampled through NVML) and the engine process's CPU
+  seconds and context switches, to tell a slowed card from a slowed host;
 - persistent KV bytes the target model wrote per generated token, counted: prompt tokens plus
   every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``);
 - greedy token agreement between the two engines' outputs.
@@ -217,6 +217,9 @@ def summarise(method, k, L, batch, results) -> dict:
         # Each run's GPU clocks (NVML samples): tells a slowed card from a slowed host.
         "gpu_clocks_reps": {name: [r.get("gpu_clocks") for r in runs]
                             for name, runs in results.items()},
+        # Each run's wall seconds and the engine process's CPU seconds and context switches.
+        "host_reps": {name: [{"seconds": round(r["seconds"], 4), **(r.get("host") or {})}
+                             for r in runs] for name, runs in results.items()},
         "tok_s": {"off": round(statistics.median(off_reps), 1),
                   "on": round(statistics.median(on_reps), 1)},
         # Each repetition's pair (the two runs of a rep are back to back): the spread is the

@@ -176,6 +176,10 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                             [t for r in runs[policy] for t in r["tokens"]])[0], 5)
                     # Python's garbage collections of 1 ms or more, per repetition
                     row["gc_pauses_by_rep"] = [r.get("gc_pauses") for r in runs[policy]]
+                    # per repetition: wall seconds, GPU clocks, the engine process's CPU time
+                    row["runs_by_rep"] = [{"seconds": round(r["seconds"], 4),
+                                           "gpu_clocks": r.get("gpu_clocks"),
+                                           "host": r.get("host")} for r in runs[policy]]
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
                     if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
                         counters = total([x["counters"] for x in scv])
@@ -219,6 +223,7 @@ def merge(jsonl: Path, result: Path) -> None:
     choices: dict[tuple[int, str], list[dict]] = {}
     agreement_by_cell: dict[tuple[int, str], dict[str, float]] = {}
     gc_pauses: dict[tuple[int, str], dict[str, list]] = {}  # by policy, group, repetition
+    runs_by_rep: dict[tuple[int, str], dict[str, list]] = {}  # likewise
     for record in records:
         tables: dict[tuple[int, str], dict[str, float]] = {}
         for row in record["rows"]:
@@ -232,6 +237,9 @@ def merge(jsonl: Path, result: Path) -> None:
             if row.get("gc_pauses_by_rep"):
                 gc_pauses.setdefault(key, {}).setdefault(row["policy"], []).append(
                     row["gc_pauses_by_rep"])
+            if row.get("runs_by_rep"):
+                runs_by_rep.setdefault(key, {}).setdefault(row["policy"], []).append(
+                    row["runs_by_rep"])
             if "scv_budget_counts" in row:
                 choices.setdefault(key, []).append({"policy": row["policy"], **{
                     k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")}})
@@ -263,7 +271,8 @@ def merge(jsonl: Path, result: Path) -> None:
                       "acceptance": acceptance.get((batch, workload), {}),
                       "agreement_with_no_spec": agreement_by_cell.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), []),
-                      "gc_pauses": gc_pauses.get((batch, workload), {})})
+                      "gc_pauses": gc_pauses.get((batch, workload), {}),
+                      "runs": runs_by_rep.get((batch, workload), {})})
     payload = {**recorded_environment(jsonl), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
                             "output_len": OUTPUT_LEN,  # [min, max] by group: ``groups``

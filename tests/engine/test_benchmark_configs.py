@@ -162,6 +162,39 @@ def test_overhead_cell_keeps_every_repetition():
     assert cell["throughput_ratio_over_both_off_paired"] == 1.1667  # median of 8/6 and 4/4
 
 
+def test_overhead_cell_compares_each_repetitions_median_step():
+    overhead = importlib.import_module("nwor_overhead")
+    summary = importlib.import_module("gpu_engines").step_summary
+    assert summary([]) is None
+    # 10 steps: the trimmed mean leaves out the slowest and the fastest
+    assert summary([0.001] * 8 + [0.0005, 0.1]) == {"steps": 10, "median": 1.0,
+                                                    "trimmed_mean": 1.0}
+
+    def run(step_ms: list[float]) -> dict:
+        return {"tokens": [[1, 2, 3, 4]] * 2, "seconds": 1.0, "itl_median": 0.1,
+                "drafted": 8, "accepted": 4, "rejected_by_nwor": 4, "fallbacks": {},
+                "prompts": [[7] * 5] * 2, "step_ms": summary([ms / 1e3 for ms in step_ms])}
+
+    cell = overhead.summarise("draft_model", 4, 3.0, 2, {
+        "off": [run([10, 10, 90]), run([20, 20, 20])],
+        "on": [run([11, 11, 11]), run([20, 20, 500])],
+        "off_b": [run([10, 10, 10]), run([30, 30, 30])]})
+    assert cell["step_ratio"] == 1.05  # median of 11/10 and 20/20: a slow step leaves it
+    assert cell["aa_step_ratio"] == 1.25  # median of 10/10 and 30/20
+    assert cell["step_ratio_over_both_off"] == 0.95  # median of 11/10 and 20/25
+    assert cell["host_reps"]["on"] == [{"seconds": 1.0}, {"seconds": 1.0}]
+
+
+def test_run_diagnostics_on_a_machine_without_a_gpu():
+    gpu_engines = importlib.import_module("gpu_engines")
+    assert gpu_engines.ClockSampler().stop() is None  # no NVML here: nothing reported
+    before = gpu_engines.host_usage()
+    sum(i * i for i in range(200_000))
+    after = gpu_engines.host_usage()
+    assert after["cpu_seconds"] > before["cpu_seconds"]
+    assert set(after) == {"cpu_seconds", "involuntary_switches", "voluntary_switches"}
+
+
 def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     """The GPU benchmarks' steady-load driver, on the real CPU engine: with at most two
     requests in flight out of five, every request gets LLM.generate's greedy tokens."""
@@ -173,9 +206,13 @@ def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 5
     prompts = PROMPTS[:5]
     with engine(target, spec_config("ngram")) as llm:
+        steps = gpu_engines.time_engine_steps(llm)  # both drivers' steps are timed
         expected = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                 use_tqdm=False)
+        assert len(steps) >= 12 and min(steps) > 0  # 12 tokens: at least 12 steps
+        steps.clear()
         served = gpu_engines.generate_at_concurrency(llm, prompts, params, concurrency=2)
+        assert len(steps) >= 12
         served_again = gpu_engines.generate_at_concurrency(llm, prompts, params, concurrency=2)
     tokens = [list(o.outputs[0].token_ids) for o in expected]
     assert [list(o.outputs[0].token_ids) for o in served] == tokens
