@@ -288,18 +288,25 @@ class ClockSampler:
 
         self._samples: list[tuple[int, float]] = []
         self._done = threading.Event()
-        self._thread = None
+        self._thread = self._handle = None
+        try:  # torch's handle for this process's GPU (NVML's index under CUDA_VISIBLE_DEVICES)
+            import torch
+
+            self._handle = torch.cuda._get_pynvml_handler()
+        except Exception:  # no GPU, no NVML: nothing to report
+            return
         if self._sample():
             self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
             self._thread.start()
 
     def _sample(self) -> bool:
         try:
-            import torch
+            import pynvml
 
-            self._samples.append((torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000))
+            self._samples.append((pynvml.nvmlDeviceGetClockInfo(self._handle, pynvml.NVML_CLOCK_SM),
+                                  pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000))
             return True
-        except Exception:  # no GPU, no NVML: nothing to report
+        except Exception:
             return False
 
     def _loop(self, interval: float) -> None:
