@@ -212,8 +212,8 @@ def summarise(method, k, L, batch, results) -> dict:
         # Engine steps, each repetition's pair: median step and 10%-trimmed mean step, on/off.
         "step_ratio": _round(ratios["step_median"]),
         "step_ratio_trimmed": _round(ratios["step_trimmed"]),
-        "step_ms_reps": {"off": [r.get("step_ms") for r in off],
-                         "on": [r.get("step_ms") for r in on]},
+        "step_ms_reps": {name: [r.get("step_ms") for r in runs]
+                         for name, runs in results.items()},
         # Each run's GPU clocks (NVML samples): tells a slowed card from a slowed host.
         "gpu_clocks_reps": {name: [r.get("gpu_clocks") for r in runs]
                             for name, runs in results.items()},
@@ -258,7 +258,6 @@ def a_over_a(results) -> dict:
     return {"aa_throughput_ratio": round(ratios["throughput"], 4),
             "aa_step_ratio": _round(ratios["step_median"]),
             "aa_step_ratio_trimmed": _round(ratios["step_trimmed"]),
-            "step_ms_reps_off_b": [r.get("step_ms") for r in results["off_b"]],
             "aa_throughput_ratio_paired": round(ratios["paired"], 4),
             "aa_itl_ratio": round(ratios["itl"], 4),
             "aa_token_agreement": round(ratios["agreement"], 5),
