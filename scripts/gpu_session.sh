@@ -23,18 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the twenty-eighth session): the kernel wrappers' host trims (a host
-# next_power_of_2, fewer stride() calls) under the kernel tests and two engine tests; the eager
-# layers' host time again, with the diagnostic side that tells whose the attention's extra is;
-# ngram on/off beside A/A at k = 4, where the first machine of the twenty-seventh session leaned
-# below 1; then SCV at batch 1 and 32, where it loses most.
+# This plan (the twenty-eighth session's second machine): the matrix cells that had not run with
+# scratch blocks, draft_model at k = 8 and k = 2 (batch 1 to 128) and ngram at k = 8, batch 1,
+# each beside an A/A control.
 stream0() {
-  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
-  step layer_host nwor_layer_host --label host_trims
-  step engine tests tests/gpu/test_engine_gpu.py -k "default_settings or no_rejected"
-  step aa_ngram_k4 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
+  step dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 k+1 --batches 1 8 32 128 --reps 2 \
     --min-requests 32 --aa
-  step scv_b1_b32 scv_bench --batches 1 32 --reps 2
+  step dm_k2 nwor_overhead --method draft_model --k 2 --L 1.5 k+1 --batches 1 8 32 128 --reps 2 \
+    --min-requests 32 --aa
+  step ngram_k8_b1 nwor_overhead --method ngram --k 8 --L 1.5 k+1 --batches 1 --reps 3 \
+    --min-requests 32 --aa
 }
 
 gpus=$(nvidia-smi -L | wc -l)
