@@ -23,13 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the twenty-eighth session's second machine): the matrix cells that had not run with
-# scratch blocks, draft_model at k = 8 and k = 2 (batch 1 to 128) and ngram at k = 8, batch 1,
+# This plan (the twenty-eighth session's second and third machines): the matrix cells that had
+# not run with scratch blocks, draft_model at k = 8 (batch 1 to 128) and k = 2 (batch 1 to 32) and ngram at k = 8, batch 1,
 # each beside an A/A control.
 stream0() {
   step dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 k+1 --batches 1 8 32 128 --reps 2 \
     --min-requests 32 --aa
-  step dm_k2 nwor_overhead --method draft_model --k 2 --L 1.5 k+1 --batches 1 8 32 128 --reps 2 \
+  step dm_k2 nwor_overhead --method draft_model --k 2 --L 1.5 k+1 --batches 1 8 32 --reps 2 \
     --min-requests 32 --aa
   step ngram_k8_b1 nwor_overhead --method ngram --k 8 --L 1.5 k+1 --batches 1 --reps 3 \
     --min-requests 32 --aa
