@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -267,6 +268,45 @@ def a_over_a(results) -> dict:
             "step_ratio_over_both_off": _round(over_both_steps)}
 
 
+T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23, 15: 2.13, 20: 2.09, 30: 2.04}
+"""Student's t, 97.5% quantile, by degrees of freedom (a df between keys takes the smaller
+key's, the wider interval)."""
+
+POOLED = ("throughput_ratio_paired", "aa_throughput_ratio_paired",
+          "throughput_ratio_over_both_off_paired", "step_ratio", "aa_step_ratio")
+
+
+def pooled(cells: list[dict]) -> dict:
+    """Each ratio pooled over the cells that have an A/A control, batch 1 apart from batch >= 8
+    (the issue's two targets), and batch >= 8 by method: the geometric mean and its 95%
+    interval from the cells' spread. A cell's ratio resolves no better than its A/A (3-10%), but
+    a cost NWOR has in every cell shifts the mean of many, and the A/A's mean says how far
+    chance alone shifts it. The cells' costs differ (FULL graphs or not), so this is the
+    matrix's average, not each cell's."""
+    with_aa = [c for c in cells if "aa_throughput_ratio_paired" in c]
+    groups = {"batch_1": [c for c in with_aa if c["batch"] == 1],
+              "batch_8_and_up": [c for c in with_aa if c["batch"] >= 8]}
+    for method in sorted({c["method"] for c in with_aa}):  # ngram's steps leave FULL graphs
+        groups[f"batch_8_and_up_{method}"] = [c for c in groups["batch_8_and_up"]
+                                              if c["method"] == method]
+    out = {}
+    for name, group in groups.items():
+        if len(group) < 2:
+            continue
+        out[name] = {"cells": len(group)}
+        for key in POOLED:
+            logs = [math.log(c[key]) for c in group if c.get(key)]
+            if len(logs) < 2:
+                continue
+            mean, half = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+            half *= T_975[max(df for df in T_975 if df <= len(logs) - 1)]
+            out[name][key] = {"geomean": round(math.exp(mean), 4),
+                              "interval_95": [round(math.exp(mean - half), 4),
+                                              round(math.exp(mean + half), 4)]}
+    return out
+
+
 def merge(jsonl: Path, result: Path) -> None:
     from common import recorded_environment
 
@@ -284,12 +324,27 @@ def merge(jsonl: Path, result: Path) -> None:
                "baseline_cudagraph_mode": sorted({
                    r.get("baseline_cudagraph_mode", "vLLM default (FULL_AND_PIECEWISE)")
                    for r in map(json.loads, jsonl.read_text().splitlines())}),
-               "startup_seconds": startups, "cells": cells}
+               "startup_seconds": startups, "pooled": pooled(cells), "cells": cells}
     if profiles:
         payload["profiles"] = profiles
     result.parent.mkdir(parents=True, exist_ok=True)
     result.write_text(json.dumps(payload, indent=1) + "\n")
     print(result)
+
+
+def write_pooled(results: list[Path], out: Path) -> None:
+    """``pooled`` over the cells of several merged results, each cell keeping its file."""
+    cells, sources = [], []
+    for path in results:
+        payload = json.loads(path.read_text())
+        sources.append({"file": path.name, "commit": payload.get("commit"),
+                        "date": payload.get("date"), "device": payload.get("device"),
+                        "cells_with_aa": sum("aa_throughput_ratio_paired" in c
+                                             for c in payload["cells"])})
+        cells += payload["cells"]
+    out.write_text(json.dumps({"benchmark": "nwor_overhead_pooled", "sources": sources,
+                               "pooled": pooled(cells)}, indent=1) + "\n")
+    print(out)
 
 
 def main() -> None:
@@ -318,8 +373,16 @@ def main() -> None:
                         help="also start a second plugin-off engine and report it over the "
                         "first (aa_* in each cell): the spread of a ratio between two engines "
                         "that differ in nothing")
+    parser.add_argument("--pool", type=Path, nargs="+",
+                        help="with --result: pool the A/A cells of these merged results "
+                        "(several runs' cells, see pooled()) instead of running")
     args = parse_or_merge(parser, merge)
     if args is None:
+        return
+    if args.pool:
+        if args.result is None:
+            parser.error("--pool needs --result (the JSON file to write)")
+        write_pooled(args.pool, args.result)
         return
     if args.engine_core_process and args.profile_batches:
         parser.error("--profile-batches needs the engine core in-process")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -183,6 +185,33 @@ def test_overhead_cell_compares_each_repetitions_median_step():
     assert cell["aa_step_ratio"] == 1.25  # median of 10/10 and 30/20
     assert cell["step_ratio_over_both_off"] == 0.95  # median of 11/10 and 20/25
     assert cell["host_reps"]["on"] == [{"seconds": 1.0}, {"seconds": 1.0}]
+
+
+def test_overhead_pools_each_ratio_over_the_cells_with_an_aa_control():
+    pooled = importlib.import_module("nwor_overhead").pooled
+
+    def cell(batch: int, on_off: float, aa: float | None) -> dict:
+        c = {"method": "ngram", "batch": batch, "throughput_ratio_paired": on_off,
+             "step_ratio": 1 / on_off}
+        return c if aa is None else {**c, "aa_throughput_ratio_paired": aa, "aa_step_ratio": aa}
+
+    cells = [cell(8, 0.98, 1.02), cell(32, 0.99, 0.98), cell(128, 1.0, 1.0), cell(8, 0.5, None),
+             cell(1, 1.0, 1.0)]
+    out = pooled(cells)
+    # one batch-1 cell is too few; a cell without A/A is not pooled
+    assert set(out) == {"batch_8_and_up", "batch_8_and_up_ngram"}
+    assert out["batch_8_and_up_ngram"] == out["batch_8_and_up"]
+    group = out["batch_8_and_up"]
+    assert group["cells"] == 3
+    on_off = group["throughput_ratio_paired"]
+    assert on_off["geomean"] == round((0.98 * 0.99 * 1.0) ** (1 / 3), 4)
+    low, high = on_off["interval_95"]  # t(2) = 4.30 times the standard error of the logs
+    logs = [math.log(r) for r in (0.98, 0.99, 1.0)]
+    half = 4.30 * statistics.stdev(logs) / math.sqrt(3)
+    assert (low, high) == (round(math.exp(statistics.mean(logs) - half), 4),
+                           round(math.exp(statistics.mean(logs) + half), 4))
+    assert group["aa_throughput_ratio_paired"]["geomean"] == round(
+        (1.02 * 0.98) ** (1 / 3), 4)
 
 
 def test_run_diagnostics_on_a_machine_without_a_gpu():
