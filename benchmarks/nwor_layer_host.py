@@ -17,7 +17,10 @@ stage, split attention, commit), and reports per step:
 A third side, ``nwor_stage_only``, is a diagnostic: NWOR's KV update (stage and scratch plan)
 followed by vLLM's own attention (its output then misses the drafts: only host time counts). Its
 ``forward_us`` tells whether the attention's extra host time under NWOR is its own (the scratch
-metadata) or the stage launch's before it.
+metadata) or the stage launch's before it. A fourth, ``vllm_then_triton``, is vLLM's own update
+and attention with a one-element Triton kernel launched between them: whether vLLM's attention
+issues slower after any Triton launch (the twenty-eighth session found it 3.9-5.5 µs slower after
+NWOR's stage launch), or after NWOR's stage only.
 
 The sides run in one process, alternating. The plugin's code is whatever ``vllm_nwor`` imports
 (``PYTHONPATH`` chooses a checkout), so two versions are compared by running this twice, and
@@ -40,6 +43,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import triton
+import triton.language as tl
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import override_forward_context
 
@@ -75,6 +80,7 @@ class Step:
         self.impl = fa.FlashAttentionImpl(HEADS, HEAD_SIZE, HEAD_SIZE ** -0.5, KV_HEADS, None,
                                           None, "auto")
         one = torch.ones((), device=dev)
+        touched = torch.zeros(1, dtype=torch.int32, device=dev)  # vllm_then_triton's kernel
         self.layers = []
         for i in range(layers):
             raw = torch.zeros(num_blocks, BLOCK, KV_HEADS, 2 * HEAD_SIZE, dtype=torch.bfloat16,
@@ -82,7 +88,7 @@ class Step:
             self.layers.append(SimpleNamespace(
                 impl=self.impl, layer_name=f"model.layers.{i}.self_attn.attn",
                 kv_cache=raw.permute(0, 2, 1, 3), _k_scale=one, _v_scale=one, _q_scale=one,
-                kv_sharing_target_layer_name=None))
+                kv_sharing_target_layer_name=None, touched=touched))
         block_table = torch.arange(batch * blocks_per_req, dtype=torch.int32,
                                    device=dev).view(batch, blocks_per_req)
         slots = []
@@ -158,9 +164,21 @@ NWOR_UPDATE = wrap_kv_cache_update(VLLM_UPDATE)
 NWOR_FORWARD = nwor_fa._wrap_forward(VLLM_FORWARD)
 
 
+@triton.jit
+def _touch(flag_ptr):
+    tl.store(flag_ptr, tl.load(flag_ptr) + 1)
+
+
+def vllm_update_then_triton(impl, layer, key, value, kv_cache, slot_mapping):
+    """vLLM's KV update, then one Triton launch of a one-element kernel (a diagnostic)."""
+    VLLM_UPDATE(impl, layer, key, value, kv_cache, slot_mapping)
+    _touch[(1,)](layer.touched)
+
+
 SIDES = {"vllm": (VLLM_UPDATE, VLLM_FORWARD, False),
          "nwor": (NWOR_UPDATE, NWOR_FORWARD, True),
-         "nwor_stage_only": (NWOR_UPDATE, VLLM_FORWARD, True)}
+         "nwor_stage_only": (NWOR_UPDATE, VLLM_FORWARD, True),
+         "vllm_then_triton": (vllm_update_then_triton, VLLM_FORWARD, False)}
 """Each side's KV update, attention, and whether it runs NWOR's step (begin, commit)."""
 
 
