@@ -277,6 +277,11 @@ POOLED = ("throughput_ratio_paired", "aa_throughput_ratio_paired",
           "throughput_ratio_over_both_off_paired", "step_ratio", "aa_step_ratio")
 
 
+def has_aa_control(cell: dict) -> bool:
+    """Whether the cell ran beside a second plugin-off engine (``--aa``)."""
+    return "aa_throughput_ratio_paired" in cell
+
+
 def pooled(cells: list[dict]) -> dict:
     """Each ratio pooled over the cells that have an A/A control, batch 1 apart from batch >= 8
     (the issue's two targets), and batch >= 8 by method: the geometric mean and its 95%
@@ -284,7 +289,7 @@ def pooled(cells: list[dict]) -> dict:
     a cost NWOR has in every cell shifts the mean of many, and the A/A's mean says how far
     chance alone shifts it. The cells' costs differ (FULL graphs or not), so this is the
     matrix's average, not each cell's."""
-    with_aa = [c for c in cells if "aa_throughput_ratio_paired" in c]
+    with_aa = [c for c in cells if has_aa_control(c)]
     groups = {"batch_1": [c for c in with_aa if c["batch"] == 1],
               "batch_8_and_up": [c for c in with_aa if c["batch"] >= 8]}
     for method in sorted({c["method"] for c in with_aa}):  # ngram's steps leave FULL graphs
@@ -339,8 +344,7 @@ def write_pooled(results: list[Path], out: Path) -> None:
         payload = json.loads(path.read_text())
         sources.append({"file": path.name, "commit": payload.get("commit"),
                         "date": payload.get("date"), "device": payload.get("device"),
-                        "cells_with_aa": sum("aa_throughput_ratio_paired" in c
-                                             for c in payload["cells"])})
+                        "cells_with_aa": sum(map(has_aa_control, payload["cells"]))})
         cells += payload["cells"]
     out.write_text(json.dumps({"benchmark": "nwor_overhead_pooled", "sources": sources,
                                "pooled": pooled(cells)}, indent=1) + "\n")
