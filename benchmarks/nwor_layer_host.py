@@ -17,10 +17,12 @@ stage, split attention, commit), and reports per step:
 A third side, ``nwor_stage_only``, is a diagnostic: NWOR's KV update (stage and scratch plan)
 followed by vLLM's own attention (its output then misses the drafts: only host time counts). Its
 ``forward_us`` tells whether the attention's extra host time under NWOR is its own (the scratch
-metadata) or the stage launch's before it. A fourth, ``vllm_then_triton``, is vLLM's own update
-and attention with a one-element Triton kernel launched between them: whether vLLM's attention
-issues slower after any Triton launch (the twenty-eighth session found it 3.9-5.5 µs slower after
-NWOR's stage launch), or after NWOR's stage only.
+metadata) or the stage launch's before it. Three more are vLLM's own update and attention with one
+launch of a one-element kernel between them: through Triton's JIT (``vllm_then_triton``), through
+the compiled launcher NWOR's kernels use (``vllm_then_launcher``), and a PyTorch op
+(``vllm_then_torch``). They tell whether vLLM's attention issues slower after any launch, after
+a Triton launch, or after NWOR's stage only (the twenty-eighth session found it 3.9-5.5 µs slower
+after NWOR's stage launch).
 
 The sides run in one process, alternating. The plugin's code is whatever ``vllm_nwor`` imports
 (``PYTHONPATH`` chooses a checkout), so two versions are compared by running this twice, and
@@ -51,6 +53,7 @@ from vllm.forward_context import override_forward_context
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
+from vllm_nwor.kernels._common import Launcher  # noqa: E402
 from vllm_nwor.kernels.scratch import scratch_blocks  # noqa: E402
 from vllm_nwor.patches import flash_attn as nwor_fa  # noqa: E402
 from vllm_nwor.patches._patch import original  # noqa: E402
@@ -169,16 +172,33 @@ def _touch(flag_ptr):
     tl.store(flag_ptr, tl.load(flag_ptr) + 1)
 
 
+_TOUCH = Launcher(_touch)
+
+
 def vllm_update_then_triton(impl, layer, key, value, kv_cache, slot_mapping):
-    """vLLM's KV update, then one Triton launch of a one-element kernel (a diagnostic)."""
+    """vLLM's KV update, then one Triton launch of a one-element kernel through the JIT."""
     VLLM_UPDATE(impl, layer, key, value, kv_cache, slot_mapping)
     _touch[(1,)](layer.touched)
+
+
+def vllm_update_then_launcher(impl, layer, key, value, kv_cache, slot_mapping):
+    """The same kernel through the compiled launcher NWOR's stage uses."""
+    VLLM_UPDATE(impl, layer, key, value, kv_cache, slot_mapping)
+    _TOUCH((1, 1, 1), ("touch",), (layer.touched,))
+
+
+def vllm_update_then_torch(impl, layer, key, value, kv_cache, slot_mapping):
+    """vLLM's KV update, then one PyTorch kernel launch (no Triton)."""
+    VLLM_UPDATE(impl, layer, key, value, kv_cache, slot_mapping)
+    layer.touched.add_(1)
 
 
 SIDES = {"vllm": (VLLM_UPDATE, VLLM_FORWARD, False),
          "nwor": (NWOR_UPDATE, NWOR_FORWARD, True),
          "nwor_stage_only": (NWOR_UPDATE, VLLM_FORWARD, True),
-         "vllm_then_triton": (vllm_update_then_triton, VLLM_FORWARD, False)}
+         "vllm_then_triton": (vllm_update_then_triton, VLLM_FORWARD, False),
+         "vllm_then_launcher": (vllm_update_then_launcher, VLLM_FORWARD, False),
+         "vllm_then_torch": (vllm_update_then_torch, VLLM_FORWARD, False)}
 """Each side's KV update, attention, and whether it runs NWOR's step (begin, commit)."""
 
 

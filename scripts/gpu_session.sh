@@ -23,15 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the twenty-ninth session): the eager layers' host time with a fourth side (a
-# Triton launch between vLLM's own update and attention: does any Triton launch slow the
-# attention's issue, as NWOR's stage launch did?); the ngram cell the last session lost (k = 8,
-# batch 1); then ngram k = 4 and 8 beside A/A again, whose pool (28 cells) put NWOR at 0.982.
+# This plan (twenty-ninth session): the eager layers' host time with three diagnostic sides (one
+# launch between vLLM's own update and attention: Triton's JIT, NWOR's compiled launcher, a
+# PyTorch op: does any launch slow the attention's issue, as NWOR's stage launch did?); then the
+# ngram cell the last session lost (k = 8, batch 1).
 stream0() {
-  step layer_host nwor_layer_host --label triton_side
+  step layer_host nwor_layer_host --label launch_sides
   step ngram_k8_b1 nwor_overhead --method ngram --k 8 --L 1.5 k+1 --batches 1 --reps 3 \
-    --min-requests 32 --aa
-  step ngram_k48 nwor_overhead --method ngram --k 4 8 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
     --min-requests 32 --aa
 }
 
