@@ -53,6 +53,7 @@ from vllm.forward_context import override_forward_context
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
+from vllm_nwor import patches  # noqa: E402
 from vllm_nwor.kernels._common import Launcher  # noqa: E402
 from vllm_nwor.kernels.scratch import scratch_blocks  # noqa: E402
 from vllm_nwor.patches import flash_attn as nwor_fa  # noqa: E402
@@ -137,20 +138,24 @@ class Step:
     def _bind(self, max_tokens: int, rows: int) -> NworInterceptor:
         """As ``model_runner.bind`` builds it."""
         backend = nwor_fa.BACKEND
-        buffer = StagingBuffer(len(self.layers), max(max_tokens, 1), KV_HEADS, HEAD_SIZE,
-                               torch.bfloat16, "cuda")
         layers = self.layers
 
         def plain_write(layer_idx, key, value, slot_mapping):
             backend.plain_write(layers[layer_idx], key, value, slot_mapping)
 
-        stage_fn, commit_fn = backend.fused_ops(layers, buffer, self.batch, self.k, rows)
+        stage_fn, commit_fn, write_back = backend.fused_ops(layers, self.batch, self.k, rows)
+        buffer = StagingBuffer(len(self.layers), max(max_tokens, 1), KV_HEADS, HEAD_SIZE,
+                               torch.bfloat16, "cuda", holds_kv=write_back is None)
         interceptor = NworInterceptor(
             buffer, plain_write, commit_fn, stage_fn, kv_bytes_per_token=1,
-            uploader=IndexUploader(3 * max_tokens + rows + 4, "cuda"))  # as bind() sizes it
+            uploader=IndexUploader(3 * max_tokens + rows + 4, "cuda"),  # as bind() sizes it
+            write_back=write_back)
         for idx, layer in enumerate(layers):
             setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
         return interceptor
+
+
+patches.apply_all()  # as in the engine: NWOR's fused ops call vLLM's own KV update
 
 
 def _vllms(function):

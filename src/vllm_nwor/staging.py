@@ -50,7 +50,16 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.kernels.commit_kv import Verdict
+from vllm_nwor.config import NworConfigError
+from vllm_nwor.kernels.commit_kv import (
+    Verdict,
+    Write,
+    cache_offsets,
+    check_caches,
+    commit_kv,
+    copy_rows_reference,
+)
+from vllm_nwor.kernels.scratch import plan_scratch, scratch_blocks
 
 logger = get_logger(__name__)
 
@@ -61,21 +70,29 @@ PlainWrite = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 """vLLM's own KV write for one target layer: ``(layer_idx, key, value, slot_mapping)``."""
 
 CommitFn = Callable[["StagingBuffer", Verdict], None]
-"""Writes the staged tokens the verdict accepted, of every layer, through the buffer's slot
-mapping, and adds their count to ``verdict.committed``. If it raises, it has counted nothing:
-the interceptor then commits through vLLM's write path (which rewrites any layer already
-written with the same bytes)."""
+"""Writes the staged tokens the verdict accepted, of every layer, and adds their count to
+``verdict.committed``. If it raises, it has counted nothing: the interceptor then commits
+through vLLM's write path (which rewrites any layer already written with the same bytes)."""
 
 StageFn = Callable[
     [int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "StagingBuffer"], None
 ]
 """A backend's fused stage: ``(layer_idx, key, value, slot_mapping, row_stage_index, buffer)``.
 
-Copies the rows ``r`` with ``row_stage_index[r] >= 0`` of ``key``/``value`` into ``buffer``
-(``buffer.key[layer_idx]``, ``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, at that
-index) and writes every other row through ``slot_mapping`` exactly as vLLM's own write would. A
-row whose slot is -1 (padding) is neither staged nor written.
+Keeps the drafts (rows ``r`` with ``row_stage_index[r] >= 0``) of ``key``/``value`` out of the
+paged cache's blocks until the commit, and writes the rows it does not keep through
+``slot_mapping`` exactly as vLLM's own write would. A row whose slot is -1 (padding) is neither
+kept nor written. Where it keeps them is the backend's: in ``buffer`` (``buffer.key[layer_idx]``,
+``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, at that index), or elsewhere with a
+:data:`WriteBackFn`.
 """
+
+WriteBackFn = Callable[[Sequence[int], int, "Verdict | None"], None]
+"""For a fused stage that keeps drafts outside the staging buffer: ``(layers, num_rows,
+verdict)`` writes, through vLLM's write path, what the stage kept out of the cache for
+``layers`` in the step's ``num_rows`` rows: the rows the verdict accepted (counting the accepted
+drafts into ``verdict.committed``), or without a verdict every row, as vLLM would have written
+them. Every fallback goes through it."""
 
 
 class FallbackReason(str, enum.Enum):
@@ -229,7 +246,8 @@ class VerifyStep:
         """The step's verdict in the rejection sampler's output (``[num_reqs, max_spec_len +
         1]``, rejected positions ``-1``): draft ``j`` was accepted exactly when entry ``j + 1``
         is valid. It stays on the device; accepted tokens are counted into ``committed``."""
-        return Verdict(sampled_token_ids, self.token_req, self.token_pos, committed)
+        return Verdict(sampled_token_ids, self.token_req, self.token_pos, committed,
+                       self.row_stage_index)
 
 
 @functools.lru_cache(maxsize=64)
@@ -285,13 +303,18 @@ class StagingBuffer:
         head_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        *,
+        holds_kv: bool = True,
     ) -> None:
         if num_layers < 1 or max_tokens < 1:
             raise ValueError(
                 f"StagingBuffer needs num_layers >= 1 and max_tokens >= 1, "
                 f"got num_layers={num_layers}, max_tokens={max_tokens}"
             )
-        shape = (num_layers, max_tokens, num_kv_heads, head_size)
+        # holds_kv=False: a fused stage keeps the drafts elsewhere (WriteBackFn); the buffer
+        # then only tracks the step (its K/V take no memory).
+        shape = (num_layers, max_tokens, num_kv_heads, head_size) if holds_kv else \
+            (num_layers, max_tokens, 0, 0)
         self.key = torch.zeros(shape, dtype=dtype, device=device)
         self.value = torch.zeros(shape, dtype=dtype, device=device)
         self.slot_mapping = torch.full((max_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
@@ -436,6 +459,8 @@ class NworInterceptor:
             draft rows into the buffer and writing the rest with ``plain_write``.
         kv_bytes_per_token: bytes one token's K and V take in the paged cache, all target layers.
         uploader: carries each step's indices to the device (see :class:`IndexUploader`).
+        write_back: how fallbacks write what a fused stage kept outside ``buffer``. Defaults to
+            ``plain_write`` from the buffer.
     """
 
     def __init__(
@@ -447,8 +472,10 @@ class NworInterceptor:
         *,
         kv_bytes_per_token: int,
         uploader: IndexUploader | None = None,
+        write_back: WriteBackFn | None = None,
     ) -> None:
         self.buffer = buffer
+        self.write_back = write_back
         self.uploader = uploader
         self.plain_write = plain_write
         self.commit_fn = commit_fn or self._commit_with_plain_writes
@@ -557,7 +584,7 @@ class NworInterceptor:
             replayed = self.graph_staging and not buffer.holds_data()
             if not replayed:
                 self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
-                self._write_all_staged()
+                self._write_all_staged(step)
                 return
             self.graph_steps += 1  # the commit reads every layer's buffer, marked or not
         verdict = step.verdict(sampled_token_ids, self._committed)
@@ -582,7 +609,7 @@ class NworInterceptor:
             return
         self._fallbacks[reason.value] += 1
         if not self._failed:
-            self._write_all_staged()
+            self._write_all_staged(self._step)
         self._step = None
 
     # -- FULL CUDA graphs (see the module docstring) -------------------------------------------
@@ -661,18 +688,119 @@ class NworInterceptor:
         """All-or-nothing: every layer staged so far gets vLLM's write of all its drafts now."""
         logger.debug("NWOR: verify step falls back (%s)", reason.value)
         self._fallbacks[reason.value] += 1
-        self._write_all_staged()
+        assert self._step is not None  # stage() checked it
+        self._write_all_staged(self._step)
         self._failed = True
 
-    def _write_all_staged(self) -> None:
+    def _write_all_staged(self, step: VerifyStep) -> None:
         buffer = self.buffer
+        if self.write_back is not None:
+            rows = step.row_stage_index.shape[0]
+            if self.graph_staging and not buffer.holds_data():  # a replayed graph staged all
+                self.write_back(range(buffer.num_layers), rows, None)
+            else:
+                self.write_back(buffer.layers_with_data(), rows, None)
+            return
         for layer_idx in buffer.layers_with_data():
             key, value = buffer.chunk(layer_idx)
             self.plain_write(layer_idx, key, value, buffer.staged_slots(layer_idx))
 
     def _commit_with_plain_writes(self, buffer: StagingBuffer, verdict: Verdict) -> None:
+        if self.write_back is not None:
+            self.write_back(range(buffer.num_layers), verdict.row_stage_index.shape[0], verdict)
+            return
         # Counted before the writes: if one fails, the error stops the engine (see _commit).
         slots = verdict.keep(buffer.slot_mapping[: buffer.num_tokens])
         for layer_idx in range(buffer.num_layers):
             key, value = buffer.chunk(layer_idx)
             self.plain_write(layer_idx, key, value, slots)
+
+
+StepMetadata = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""The step's ``(block_table, query_start_loc, seq_lens)`` on the device, as the backend's
+attention metadata holds them."""
+
+
+class ScratchStaging:
+    """A fused stage, commit and write-back through scratch blocks (:mod:`vllm_nwor.kernels.
+    scratch`), for caches laid out ``[blocks, block_size, heads, head_size]`` per layer.
+
+    - ``stage``: in the first layer, one launch plans the step; in every layer, ``write``
+      (vLLM's own KV write) through the plan's ``write_slots``, which send each drafting
+      request's rows to its scratch blocks. Nothing is staged in the :class:`StagingBuffer`.
+    - ``commit``: one launch copies every layer's accepted rows to their own slots.
+    - ``write_back``: ``write`` again, of the rows read back from the scratch blocks (every
+      fallback).
+
+    The plan's table and slots are allocated once (the table when the first staged call shows
+    the block table's width), so CUDA graphs read them at fixed addresses. ``write(layer_idx,
+    key, value, slots)`` must skip slot -1, as vLLM's write does.
+    """
+
+    def __init__(self, key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
+                 write: Write, metadata: StepMetadata, max_num_seqs: int, num_spec_tokens: int,
+                 max_rows: int) -> None:
+        check_caches(key_caches, value_caches)
+        num_blocks, block_size = key_caches[0].shape[:2]
+        self.per_request, total = scratch_blocks(max_num_seqs, num_spec_tokens, block_size)
+        if total >= num_blocks:
+            raise NworConfigError(
+                f"'nwor': true needs {total} scratch KV blocks (max_num_seqs={max_num_seqs}, "
+                f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
+                f"has {num_blocks}")
+        self.base = num_blocks - total  # the engine core kept these from the scheduler
+        self.key_caches, self.value_caches = key_caches, value_caches
+        self.offsets = cache_offsets(key_caches, value_caches)
+        self.write, self.step_metadata = write, metadata
+        self.max_num_seqs = max_num_seqs
+        device = key_caches[0].device
+        self.write_slots = torch.full((max_rows,), -1, dtype=torch.int64, device=device)
+        self.commit_slots = torch.full((max_rows,), -1, dtype=torch.int64, device=device)
+        self.table = torch.zeros((max_num_seqs, 0), dtype=torch.int32, device=device)
+        self.slots = self.write_slots[:0]  # the planned step's write slots, one per row
+        self.planned_for: torch.Tensor | None = None  # that step's slot mapping
+        # Compiles the commit before any step: one row with nowhere to go (nothing written).
+        none = torch.full((1,), -1, dtype=torch.int64, device=device)
+        commit_kv(key_caches, value_caches, none, none, self.offsets, checked=False,
+                  verdict=Verdict(none.view(1, 1), none, none, none[0].clone(), none))
+
+    def ops(self) -> tuple[StageFn, CommitFn, WriteBackFn]:
+        return self.stage, self.commit, self.write_back
+
+    def plan(self, row_stage_index: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Plans this step's scratch blocks (one launch)."""
+        block_table, qsl, seq_lens = self.step_metadata()
+        width = block_table.shape[1]
+        if self.table.shape[1] == 0:  # the block table keeps its width: allocated once
+            self.table = torch.zeros((self.max_num_seqs, width), dtype=torch.int32,
+                                     device=self.write_slots.device)
+        elif self.table.shape[1] != width:  # captured graphs read this table: never moved
+            raise ValueError(f"the block table is {width} blocks wide, the scratch table "
+                             f"{self.table.shape[1]}")
+        self.planned_for = None
+        plan_scratch(block_table, qsl, seq_lens, row_stage_index, slot_mapping, self.table,
+                     self.write_slots, self.commit_slots, self.key_caches, self.value_caches,
+                     self.offsets, self.base, self.per_request)
+        self.slots = self.write_slots[: slot_mapping.shape[0]]
+        self.planned_for = slot_mapping
+
+    def stage(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor,
+              slot_mapping: torch.Tensor, row_stage_index: torch.Tensor,
+              buffer: StagingBuffer) -> None:
+        if layer_idx == 0:
+            self.plan(row_stage_index, slot_mapping)
+        elif slot_mapping is not self.planned_for:
+            raise ValueError(f"layer {layer_idx} stages a step the first layer did not plan")
+        self.write(layer_idx, key, value, self.slots)
+
+    def commit(self, buffer: StagingBuffer, verdict: Verdict) -> None:
+        n = verdict.row_stage_index.shape[0]  # the step's rows (a graph pads past them)
+        commit_kv(self.key_caches, self.value_caches, self.write_slots[:n],
+                  self.commit_slots[:n], self.offsets, checked=False, verdict=verdict)
+
+    def write_back(self, layers: Sequence[int], num_rows: int, verdict: Verdict | None) -> None:
+        dst = self.commit_slots[:num_rows]
+        if verdict is not None:
+            dst = verdict.keep_rows(dst)
+        copy_rows_reference(self.key_caches, self.value_caches, self.write_slots[:num_rows],
+                            dst, layers, self.write)

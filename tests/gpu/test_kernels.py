@@ -1,9 +1,10 @@
 """NWOR's Triton kernels against their PyTorch references.
 
-Caches start filled with a sentinel; commits and direct writes are compared with ``torch.equal``
-and every slot that must stay untouched is checked to still hold the sentinel. Attention is
-compared within a tight tolerance. Shapes: head sizes 64/128/256, GQA 1/4/8, block sizes 16/32,
-0/1/odd token counts, all drafts rejected or all accepted, offsets that need 64 bits.
+Caches start filled with a sentinel; plans and commits are compared with ``torch.equal`` and
+every slot that must stay untouched is checked to still hold the sentinel. Attention through the
+scratch blocks is compared with vLLM's own, bit for bit. Shapes: head sizes 64/128/256, GQA
+1/4/8, block sizes 16/32, 0/1/odd row counts, all drafts rejected or all accepted, offsets that
+need 64 bits.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from vllm_nwor.kernels.commit_kv import Verdict, cache_offsets, commit_kv, commit_kv_reference
+from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
 from vllm_nwor.kernels.scratch import plan_scratch, plan_scratch_reference, scratch_blocks
-from vllm_nwor.kernels.stage_kv import stage_kv, stage_kv_reference
 
 SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
@@ -39,49 +39,6 @@ def rows(n, num_kv_heads, head_size, dtype=DTYPE):
     return (parts[1].view(n, num_kv_heads, head_size), parts[2].view(n, num_kv_heads, head_size))
 
 
-# -- stage_kv ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_rows", [0, 1, 7, 33])
-@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 1), (128, 8), (256, 2)])
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_stage_kv_matches_reference(num_rows, head_size, num_kv_heads, block_size):
-    torch.manual_seed(num_rows + head_size + block_size)
-    key, value = rows(num_rows + 3, num_kv_heads, head_size)  # 3 padding rows
-    slots = torch.randperm(8 * block_size, device=DEVICE)[: num_rows + 3]
-    slots[num_rows:] = -1  # padding
-    stage_index = torch.full((num_rows,), -1, dtype=torch.int64, device=DEVICE)
-    drafts = torch.arange(num_rows, device=DEVICE)[torch.rand(num_rows, device=DEVICE) < 0.5]
-    stage_index[drafts] = torch.arange(len(drafts), device=DEVICE)
-    # The last rows also go to scratch slots, in blocks 8 and 9 (past the request's blocks).
-    scratch = torch.full((num_rows + 3,), -1, dtype=torch.int64, device=DEVICE)
-    to_scratch = min(num_rows, 5)
-    scratch[num_rows - to_scratch:num_rows] = 8 * block_size + 3 + torch.arange(to_scratch)
-    scratch[num_rows:] = 9 * block_size  # padding rows: never written, whatever they say
-    results = []
-    for fn in (stage_kv, stage_kv_reference):
-        raw, key_cache, value_cache = paged_cache(10, block_size, num_kv_heads, head_size)
-        staged_k = torch.full((40, num_kv_heads, head_size), SENTINEL, dtype=DTYPE, device=DEVICE)
-        staged_v = staged_k.clone()
-        staged_slots = torch.full((40,), -7, dtype=torch.int64, device=DEVICE)
-        fn(key, value, key_cache, value_cache, slots, stage_index, staged_k, staged_v,
-           staged_slots, scratch)
-        results.append((raw, staged_k, staged_v, staged_slots))
-    for got, want in zip(results[0], results[1], strict=True):
-        assert torch.equal(got, want)
-    raw, staged_k, _, staged_slots = results[0]
-    written = (raw != SENTINEL).all(-1).all(-1).flatten()
-    direct = [int(s) for r, s in enumerate(slots.tolist()[:num_rows]) if r not in drafts.tolist()]
-    direct += scratch[:num_rows][scratch[:num_rows] >= 0].tolist()
-    assert sorted(torch.nonzero(written).flatten().tolist()) == sorted(direct)
-    for r in range(num_rows - to_scratch, num_rows):  # each scratch row holds its row's K/V
-        slot = int(scratch[r])
-        assert torch.equal(raw[slot // block_size, slot % block_size, :, :head_size], key[r])
-    assert torch.equal(staged_slots[: len(drafts)], slots[drafts])
-    assert bool((staged_slots[len(drafts):] == -7).all())
-    assert bool((staged_k[len(drafts):] == SENTINEL).all())
-
-
 class _CountingJit:
     """A Triton kernel whose JIT launches are counted (what ``Launcher`` avoids)."""
 
@@ -97,32 +54,20 @@ class _CountingJit:
 def test_launcher_reuses_the_compiled_kernel_and_falls_back_for_unaligned_tensors(monkeypatch):
     """The first launch of a layout goes through the JIT, later ones through the compiled
     kernel's launcher with the same result; a tensor off a 16-byte boundary takes the JIT."""
-    from vllm_nwor.kernels import stage_kv as module
+    from vllm_nwor.kernels import commit_kv as module
 
-    launcher = module._STAGE
+    launcher = module._COMMIT
     jit = _CountingJit(launcher.kernel)
     monkeypatch.setattr(launcher, "kernel", jit)
     monkeypatch.setattr(launcher, "_compiled", {})
 
     def run(misaligned=False):
-        key, value = rows(12, 8, 128)
-        if misaligned:  # the same rows, one element (2 bytes) past a 16-byte boundary
-            flat = torch.empty(1 + key.numel(), dtype=DTYPE, device=DEVICE)
-            key = flat[1:].view_as(key).copy_(key)
-            assert key.data_ptr() % 16 != 0
-        slots = torch.randperm(8 * 16, device=DEVICE)[:12]
-        stage_index = torch.tensor([-1, 0, 1, -1, 2, 3, -1, 4, -1, -1, 5, 6], device=DEVICE)
-        results = []
-        for fn in (stage_kv, stage_kv_reference):
-            raw, key_cache, value_cache = paged_cache(8, 16, 8, 128)
-            staged_k = torch.full((16, 8, 128), SENTINEL, dtype=DTYPE, device=DEVICE)
-            staged_v = staged_k.clone()
-            staged_slots = torch.full((16,), -7, dtype=torch.int64, device=DEVICE)
-            fn(key, value, key_cache, value_cache, slots, stage_index, staged_k, staged_v,
-               staged_slots, torch.full((12,), -1, dtype=torch.int64, device=DEVICE))
-            results.append((raw, staged_k, staged_v, staged_slots))
-        for got, want in zip(results[0], results[1], strict=True):
-            assert torch.equal(got, want)
+        src, dst = scratch_rows(12, 8, 16)
+        if misaligned:  # the same slots, one int64 (8 bytes) past a 16-byte boundary
+            flat = torch.empty(1 + dst.numel(), dtype=torch.int64, device=DEVICE)
+            dst = flat[1:].copy_(dst)
+            assert dst.data_ptr() % 16 != 0
+        assert_commit_matches_reference(2, 8, 16, 8, 128, src, dst)
 
     run()
     assert jit.launches == 1 and len(launcher._compiled) == 1
@@ -135,17 +80,6 @@ def test_launcher_reuses_the_compiled_kernel_and_falls_back_for_unaligned_tensor
     assert jit.launches == 2  # and the aligned layout is still launched directly
 
 
-def test_stage_kv_rejects_a_wrong_layout():
-    key, value = rows(4, 2, 64)
-    _, key_cache, value_cache = paged_cache(4, 16, 2, 128)  # head size 128 != 64
-    staged = torch.zeros(8, 2, 64, dtype=DTYPE, device=DEVICE)
-    with pytest.raises(ValueError, match="key_cache has shape"):
-        stage_kv(key, value, key_cache, value_cache, torch.zeros(4, dtype=torch.int64,
-                 device=DEVICE), torch.zeros(4, dtype=torch.int64, device=DEVICE), staged,
-                 staged.clone(), torch.zeros(8, dtype=torch.int64, device=DEVICE),
-                 torch.full((4,), -1, dtype=torch.int64, device=DEVICE))
-
-
 # -- commit_kv ---------------------------------------------------------------------------------
 
 
@@ -156,32 +90,62 @@ def layer_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size):
     return [c[0] for c in caches], [c[1] for c in caches], [c[2] for c in caches]
 
 
-@pytest.mark.parametrize("pattern", ["mixed", "all_rejected", "all_accepted", "empty", "one"])
-@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 8), (128, 1), (256, 4)])
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_commit_kv_matches_reference(pattern, head_size, num_kv_heads, block_size):
-    torch.manual_seed(7)
-    num_layers, num_tokens = 3, {"empty": 0, "one": 1}.get(pattern, 13)
-    staged_k = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    staged_v = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    slots = torch.randperm(6 * block_size, device=DEVICE)[:num_tokens].long()
-    if pattern == "mixed":
-        slots[torch.rand(num_tokens, device=DEVICE) < 0.4] = -1
-    elif pattern == "all_rejected":
-        slots[:] = -1
-    results = []
+def scratch_rows(n, num_blocks, block_size):
+    """``(src, dst)`` for ``n`` rows: sources in the last two blocks (the scratch), destinations
+    in the others, distinct, some -1 (rows of requests without drafts, padding)."""
+    src = (num_blocks - 2) * block_size + torch.randperm(2 * block_size, device=DEVICE)[:n]
+    dst = torch.randperm((num_blocks - 2) * block_size, device=DEVICE)[:n]
+    dst[torch.rand(n, device=DEVICE) < 0.25] = -1
+    return src.long(), dst.long()
+
+
+def assert_commit_matches_reference(num_layers, num_blocks, block_size, num_kv_heads, head_size,
+                                    src, dst, verdict_of=None):
+    """The kernel and the reference commit the same bytes from scratch blocks filled with
+    random K/V (each layer its own); everything else keeps the sentinel. Returns the first
+    run's caches and the counts each run added to ``committed`` (from 40)."""
+    torch.manual_seed(3)
+    scratch = torch.randn(num_layers, 2, block_size, num_kv_heads, 2 * head_size,
+                          device=DEVICE).to(DTYPE)
+    results, counted = [], []
     for fn in (commit_kv, commit_kv_reference):
-        raws, key_caches, value_caches = layer_caches(num_layers, 6, block_size, num_kv_heads,
-                                                      head_size)
-        fn(staged_k, staged_v, slots, key_caches, value_caches)
+        raws, key_caches, value_caches = layer_caches(num_layers, num_blocks, block_size,
+                                                      num_kv_heads, head_size)
+        for layer, raw in enumerate(raws):
+            raw[-2:] = scratch[layer]
+        committed = torch.full((), 40, dtype=torch.int64, device=DEVICE)
+        verdict = verdict_of(committed) if verdict_of else None
+        fn(key_caches, value_caches, src, dst, verdict=verdict)
         results.append(raws)
+        counted.append(int(committed) - 40)
     for got, want in zip(*results, strict=True):
         assert torch.equal(got, want)
-    accepted = [s for s in slots.tolist() if s >= 0]
-    for raw in results[0]:
-        written = torch.nonzero((raw != SENTINEL).all(-1).all(-1).flatten()).flatten().tolist()
-        assert sorted(written) == sorted(accepted)
-    assert not torch.equal(results[0][0], results[0][1]) or not accepted  # own data per layer
+    assert counted[0] == counted[1]
+    return results[0], counted[0]
+
+
+def written_below(raw, num_blocks) -> list[int]:
+    """Slots below the last two blocks that no longer hold the sentinel."""
+    written = (raw[:num_blocks] != SENTINEL).all(-1).all(-1).flatten()
+    return sorted(torch.nonzero(written).flatten().tolist())
+
+
+@pytest.mark.parametrize("num_rows", [0, 1, 13])
+@pytest.mark.parametrize("head_size,num_kv_heads", [(64, 8), (128, 1), (256, 4)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_commit_kv_copies_every_row_with_a_destination(num_rows, head_size, num_kv_heads,
+                                                       block_size):
+    torch.manual_seed(num_rows + head_size + block_size)
+    src, dst = scratch_rows(num_rows, 6, block_size)
+    raws, _ = assert_commit_matches_reference(3, 6, block_size, num_kv_heads, head_size, src, dst)
+    for raw in raws:
+        assert written_below(raw, 4) == sorted(d for d in dst.tolist() if d >= 0)
+        for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+            if d >= 0:  # the scratch row's bytes, in the row's own slot
+                assert torch.equal(raw[d // block_size, d % block_size],
+                                   raw[s // block_size, s % block_size])
+    if len([d for d in dst.tolist() if d >= 0]):
+        assert not torch.equal(raws[0][:4], raws[1][:4])  # own data per layer
 
 
 @pytest.mark.parametrize("pattern", ["mixed", "all_rejected", "all_accepted", "one"])
@@ -189,43 +153,38 @@ def test_commit_kv_matches_reference(pattern, head_size, num_kv_heads, block_siz
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_commit_kv_reads_the_samplers_verdict_like_the_reference(pattern, head_size,
                                                                  num_kv_heads, block_size):
-    """The commit with the verdict read in the kernel: only accepted drafts are written, and
-    they are counted (onto what the counter held)."""
+    """With the verdict read in the kernel: a request's last sampled token and its accepted
+    drafts are copied, rejected drafts are not, and the accepted drafts are counted."""
+    from vllm_nwor.staging import VerifyStep
+
     torch.manual_seed(11)
-    num_layers = 3
     counts = [1] if pattern == "one" else [3, 0, 5, 2, 1]  # drafts per request
-    num_tokens = sum(counts)
     if pattern == "all_rejected":
         accepted = [0] * len(counts)
     elif pattern in ("all_accepted", "one"):
         accepted = counts
     else:
         accepted = [int(torch.randint(0, c + 1, ())) for c in counts]
+    qsl = [0]
+    for c in counts:
+        qsl.append(qsl[-1] + 1 + c)
+    step = VerifyStep.from_batch(counts, qsl, DEVICE)
     sampled = torch.full((len(counts), max(counts) + 1), -1, dtype=torch.int32, device=DEVICE)
     for row, count in enumerate(accepted):
         sampled[row, : count + 1] = 5
-    token_req = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-    token_pos = torch.cat([torch.arange(c) for c in counts])
-    staged_k = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    staged_v = torch.randn(num_layers, 16, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    slots = torch.randperm(6 * block_size, device=DEVICE)[:num_tokens].long()
-    results, counted = [], []
-    for fn in (commit_kv, commit_kv_reference):
-        raws, key_caches, value_caches = layer_caches(num_layers, 6, block_size, num_kv_heads,
-                                                      head_size)
-        committed = torch.full((), 40, dtype=torch.int64, device=DEVICE)
-        fn(staged_k, staged_v, slots, key_caches, value_caches,
-           verdict=Verdict(sampled, token_req.to(DEVICE), token_pos.to(DEVICE), committed))
-        results.append(raws)
-        counted.append(int(committed))
-    for got, want in zip(*results, strict=True):
-        assert torch.equal(got, want)
-    assert counted == [40 + sum(accepted)] * 2
-    kept = [int(slots[t]) for t in range(num_tokens)
-            if int(token_pos[t]) < accepted[int(token_req[t])]]
-    for raw in results[0]:
-        written = torch.nonzero((raw != SENTINEL).all(-1).all(-1).flatten()).flatten().tolist()
-        assert sorted(written) == sorted(kept)
+    src, dst = scratch_rows(qsl[-1], 6, block_size)
+    dst = torch.randperm(4 * block_size, device=DEVICE)[: qsl[-1]]  # every row has a slot,
+    for i, c in enumerate(counts):
+        if c == 0:
+            dst[qsl[i]] = -1  # but a request without drafts wrote its own: nothing to commit
+    raws, counted = assert_commit_matches_reference(
+        3, 6, block_size, num_kv_heads, head_size, src, dst,
+        lambda committed: step.verdict(sampled, committed))
+    assert counted == sum(accepted)
+    kept = [int(dst[qsl[i] + j]) for i in range(len(counts)) for j in range(1 + accepted[i])
+            if int(dst[qsl[i] + j]) >= 0]
+    for raw in raws:
+        assert written_below(raw, 4) == sorted(kept)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the compiled launcher exists on the GPU only")
@@ -247,42 +206,42 @@ def test_a_steps_commit_launches_the_compiled_kernel(monkeypatch):
         sampled = torch.full((3, 4), -1, dtype=torch.int32, device=DEVICE)
         for row, count in enumerate(accepted):
             sampled[row, : count + 1] = 5
-        staged_k = torch.randn(2, 8, 8, 128, device=DEVICE).to(DTYPE)
-        staged_v = torch.randn(2, 8, 8, 128, device=DEVICE).to(DTYPE)
-        slots = torch.randperm(4 * 16, device=DEVICE)[:5].long()
-        results, counted = [], []
-        for fn in (commit_kv, commit_kv_reference):
-            raws, key_caches, value_caches = layer_caches(2, 4, 16, 8, 128)
-            committed = torch.zeros((), dtype=torch.int64, device=DEVICE)
-            fn(staged_k, staged_v, slots, key_caches, value_caches,
-               verdict=step.verdict(sampled, committed))
-            results.append(raws)
-            counted.append(int(committed))
-        for got, want in zip(*results, strict=True):
-            assert torch.equal(got, want)
-        assert counted == [sum(accepted)] * 2
+        src, dst = scratch_rows(11, 4, 16)
+        dst[[0, 1, 2, 7, 8, 9, 10]] = torch.arange(7, device=DEVICE)  # the drafting requests'
+        dst[3:7] = -1
+        _, counted = assert_commit_matches_reference(
+            2, 4, 16, 8, 128, src, dst,
+            lambda committed, step=step, sampled=sampled: step.verdict(sampled, committed))
+        assert counted == sum(accepted)
     assert jit.launches == 1 and len(launcher._compiled) == 1
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a >4 GiB cache on the GPU")
-def test_commit_and_stage_reach_offsets_beyond_32_bits():
+def test_plan_and_commit_reach_offsets_beyond_32_bits():
+    """The scratch blocks sit at the end of the cache: past 2**31 elements in a large one."""
     head_size, num_kv_heads, block_size = 128, 8, 16
     block_elems = block_size * num_kv_heads * 2 * head_size
     num_blocks = (2**31) // block_elems + 64  # the last blocks start past 2**31 elements
     raw, key_cache, value_cache = paged_cache(num_blocks, block_size, num_kv_heads, head_size)
-    slots = torch.tensor([(num_blocks - 1) * block_size + 3, 5], device=DEVICE)
-    staged_k = torch.randn(1, 2, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    staged_v = torch.randn(1, 2, num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    commit_kv(staged_k, staged_v, slots, [key_cache], [value_cache])
-    assert torch.equal(key_cache[num_blocks - 1, 3], staged_k[0, 0])
-    assert torch.equal(value_cache[0, 5], staged_v[0, 1])
-    key, value = rows(1, num_kv_heads, head_size)
-    stage_kv(key, value, key_cache, value_cache, slots[:1] + 1,
-             torch.tensor([-1], device=DEVICE), staged_k[0], staged_v[0],
-             torch.zeros(2, dtype=torch.int64, device=DEVICE),
-             torch.tensor([3], device=DEVICE))  # and to slot 3, as a scratch slot
-    assert torch.equal(key_cache[0, 3], key[0])
-    assert torch.equal(key_cache[num_blocks - 1, 4], key[0])
+    raw[:2] = torch.randn(raw[:2].shape, device=DEVICE).to(DTYPE)  # committed tokens
+    offsets = cache_offsets([key_cache], [value_cache])
+    # One request, 20 committed tokens (blocks 0 and 1), 3 rows: positions 20-22 in block 1.
+    per_request, total = scratch_blocks(1, 2, block_size)
+    base = num_blocks - total
+    block_table = torch.tensor([[0, 1, 2]], dtype=torch.int32, device=DEVICE)
+    slot_mapping = torch.tensor([20, 21, 22], device=DEVICE)
+    table = torch.zeros_like(block_table)
+    write_slots, commit_slots = (torch.full((3,), -1, device=DEVICE) for _ in range(2))
+    plan_scratch(block_table, torch.tensor([0, 3], dtype=torch.int32, device=DEVICE),
+                 torch.tensor([23], dtype=torch.int32, device=DEVICE),
+                 torch.tensor([-1, 0, 1], device=DEVICE), slot_mapping, table, write_slots,
+                 commit_slots, [key_cache], [value_cache], offsets, base, per_request)
+    assert table.tolist() == [[0, base, 2]]
+    assert write_slots.tolist() == [base * block_size + 4 + j for j in range(3)]
+    assert torch.equal(raw[base, :4], raw[1, :4])  # the committed tail, copied past 2**31
+    raw[base, 4:7] = 3.0  # what vLLM's write would put there
+    commit_kv([key_cache], [value_cache], write_slots, commit_slots, offsets)
+    assert bool((raw[1, 4:7] == 3.0).all()) and bool((raw[2] == SENTINEL).all())
     del raw
 
 
@@ -322,6 +281,16 @@ def scratch_step(requests, block_size, num_blocks):
             stage_index)
 
 
+def own_slots(requests, block_table, qsl, block_size, padding=0):
+    """vLLM's slot mapping of the step: each row's slot in its request's own blocks, then
+    ``padding`` rows of -1 (a CUDA graph's)."""
+    slots = []
+    for i, (c, q, _) in enumerate(requests):
+        slots += [int(block_table[i, pos // block_size]) * block_size + pos % block_size
+                  for pos in range(c, c + q)]
+    return torch.tensor(slots + [-1] * padding, dtype=torch.int64, device=DEVICE)
+
+
 @pytest.mark.parametrize("requests", SCRATCH_STEPS)
 @pytest.mark.parametrize("head_size,num_kv_heads", [(64, 1), (128, 8), (256, 2)])
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -330,6 +299,7 @@ def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block
     per_request, total = scratch_blocks(len(requests), 8, block_size)
     base = 128
     block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
+    slot_mapping = own_slots(requests, block_table, qsl, block_size, padding=2)
     committed = torch.randn(3, base, block_size, num_kv_heads, 2 * head_size,
                             device=DEVICE).to(DTYPE)
     results = []
@@ -340,40 +310,52 @@ def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block
             raw[:base] = committed[layer]
         table = torch.full((len(requests) + 2, block_table.shape[1]), -5, dtype=torch.int32,
                            device=DEVICE)
-        row_slots = torch.full((int(qsl[-1]) + 4,), -9, dtype=torch.int64, device=DEVICE)
-        args = (block_table, qsl, seq_lens, stage_index, table, row_slots, key_caches,
-                value_caches)
+        write_slots, commit_slots = (torch.full((int(qsl[-1]) + 4,), -9, dtype=torch.int64,
+                                                device=DEVICE) for _ in range(2))
+        args = (block_table, qsl, seq_lens, stage_index, slot_mapping, table, write_slots,
+                commit_slots, key_caches, value_caches)
         if fn is plan_scratch:
             fn(*args, cache_offsets(key_caches, value_caches), base, per_request)
         else:
             fn(*args, base, per_request)
-        results.append((table, row_slots, *raws))
+        results.append((table, write_slots, commit_slots, *raws))
     for got, want in zip(*results, strict=True):
         assert torch.equal(got, want)
-    table, row_slots, raw = results[0][:3]
+    table, write_slots, commit_slots, raw = results[0][:4]
+    n = int(qsl[-1])
+    assert write_slots[n:n + 2].tolist() == [-1, -1]  # a graph's padding rows: vLLM's slot -1
+    assert write_slots[n + 2:].tolist() == commit_slots[n + 2:].tolist() == [-9, -9]
     for i, (c, q, d) in enumerate(requests):  # the reference's meaning, spelled out once
         first = base + i * per_request
+        rows = range(int(qsl[i]), int(qsl[i + 1]))
         if not d:
             assert torch.equal(table[i], block_table[i])
+            assert write_slots[rows].tolist() == slot_mapping[rows].tolist()
+            assert commit_slots[rows].tolist() == [-1] * q
             continue
         lo = c // block_size
+        assert commit_slots[rows].tolist() == slot_mapping[rows].tolist()
         for pos in range(c, c + q):
             scratch = first + pos // block_size - lo
             assert int(table[i, pos // block_size]) == scratch
-            assert int(row_slots[int(qsl[i]) + pos - c]) == scratch * block_size + pos % block_size
+            assert int(write_slots[int(qsl[i]) + pos - c]) == \
+                scratch * block_size + pos % block_size
         for pos in range(lo * block_size, c):  # the committed tail, copied
             src = int(block_table[i, pos // block_size])
             assert torch.equal(raw[first, pos % block_size], raw[src, pos % block_size])
 
 
-@pytest.mark.skipif(not ON_GPU, reason="needs FlashAttention on the GPU")
+@pytest.mark.skipif(not ON_GPU, reason="needs vLLM's CUDA ops and FlashAttention")
 @pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (128, 8), (256, 2)])
 @pytest.mark.parametrize("requests", SCRATCH_STEPS)
-def test_attention_through_scratch_blocks_equals_attention_over_the_written_cache(
+def test_vllms_write_through_the_plan_then_the_commit_equals_vllms_plain_write(
         head_size, group, requests):
-    """Staged: drafts in the staging buffer and scratch blocks, vLLM's FA call over the
-    scratch table. Plain: every row written to the cache, the same call over vLLM's table. The
-    outputs are bit-identical, and the drafts' slots in the request's blocks stay untouched."""
+    """Staged: the plan, vLLM's own ``reshape_and_cache_flash`` through its write slots, vLLM's
+    FA call over its table. Plain: vLLM's write through vLLM's slots, the same call over vLLM's
+    table. The attention outputs are bit-identical; no draft reaches its own block before the
+    commit; after a commit of every row, the blocks below the scratch hold exactly the plain
+    write's bytes."""
+    from vllm._custom_ops import reshape_and_cache_flash
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     torch.manual_seed(head_size + group + len(requests))
@@ -382,42 +364,34 @@ def test_attention_through_scratch_blocks_equals_attention_over_the_written_cach
     block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
     n = int(qsl[-1])
     key, value = rows(n, num_kv_heads, head_size)
-    slots = torch.empty(n, dtype=torch.int64, device=DEVICE)
-    for i, (c, q, _) in enumerate(requests):
-        for j in range(q):
-            pos = c + j
-            slots[int(qsl[i]) + j] = int(block_table[i, pos // block_size]) * block_size + \
-                pos % block_size
+    slots = own_slots(requests, block_table, qsl, block_size)
     query = torch.randn(n, group * num_kv_heads, head_size, device=DEVICE).to(DTYPE)
+    one = torch.ones((), device=DEVICE)
+    common = dict(q=query, cu_seqlens_q=qsl, max_seqlen_q=max(q for _, q, _ in requests),
+                  seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
+                  softmax_scale=head_size**-0.5, causal=True, fa_version=3)
     raws, key_caches, value_caches = layer_caches(1, base + total, block_size, num_kv_heads,
                                                   head_size)
     raws[0][:base] = torch.randn(raws[0][:base].shape, device=DEVICE).to(DTYPE)
     plain_raw = raws[0].clone()
     plain_key, plain_value = plain_raw[..., :head_size], plain_raw[..., head_size:]
-    plain_key.view(-1, num_kv_heads, head_size)[slots] = key
-    plain_value.view(-1, num_kv_heads, head_size)[slots] = value
-    common = dict(q=query, cu_seqlens_q=qsl, max_seqlen_q=max(q for _, q, _ in requests),
-                  seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
-                  softmax_scale=head_size**-0.5, causal=True, fa_version=3)
+    reshape_and_cache_flash(key, value, plain_key, plain_value, slots, "auto", one, one)
     want = flash_attn_varlen_func(k=plain_key, v=plain_value, block_table=block_table, **common)
 
     table = torch.zeros_like(block_table)
-    row_slots = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
-    plan_scratch(block_table, qsl, seq_lens, stage_index, table, row_slots, key_caches,
-                 value_caches, cache_offsets(key_caches, value_caches), base, per_request)
-    num_staged = int((stage_index >= 0).sum())
-    staged_k = torch.empty(max(num_staged, 1), num_kv_heads, head_size, dtype=DTYPE,
-                           device=DEVICE)
-    staged_v, staged_slots = torch.empty_like(staged_k), torch.empty(
-        max(num_staged, 1), dtype=torch.int64, device=DEVICE)
+    write_slots, commit_slots = (torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+                                 for _ in range(2))
+    offsets = cache_offsets(key_caches, value_caches)
+    plan_scratch(block_table, qsl, seq_lens, stage_index, slots, table, write_slots,
+                 commit_slots, key_caches, value_caches, offsets, base, per_request)
     before = raws[0][:base].clone()
-    stage_kv(key, value, key_caches[0], value_caches[0], slots, stage_index, staged_k, staged_v,
-             staged_slots, row_slots)
+    reshape_and_cache_flash(key, value, key_caches[0], value_caches[0], write_slots, "auto", one,
+                            one)
     got = flash_attn_varlen_func(k=key_caches[0], v=value_caches[0], block_table=table, **common)
     assert torch.equal(got, want)
-    drafts = slots[stage_index >= 0]
     flat_before = before.view(-1, num_kv_heads, 2 * head_size)
     flat_after = raws[0][:base].reshape(-1, num_kv_heads, 2 * head_size)
+    drafts = slots[stage_index >= 0]
     assert torch.equal(flat_after[drafts], flat_before[drafts]), "a draft reached its block"
-    others = slots[stage_index < 0]
-    assert torch.equal(flat_after[others, :, :head_size], key[stage_index < 0])
+    commit_kv(key_caches, value_caches, write_slots, commit_slots, offsets)
+    assert torch.equal(raws[0][:base], plain_raw[:base])

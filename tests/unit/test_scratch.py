@@ -33,16 +33,22 @@ def test_plan_redirects_drafting_requests_to_their_scratch_blocks_and_copies_the
     cache = torch.randn(base + total, BLOCK, HEADS, DIM)
     before = cache.clone()
     table = torch.full((4, 4), -5, dtype=torch.int32)
-    row_slots = torch.full((6,), -9, dtype=torch.int64)
-    plan_scratch(block_table, qsl, seq_lens, stage_index, table, row_slots, [cache], [cache],
-                 (torch.zeros(1), torch.zeros(1)), base, per_request)
+    slot_mapping = torch.tensor([30, 31, 32, 41, -1])  # vLLM's, padded by a graph to 5 rows
+    write_slots = torch.full((6,), -9, dtype=torch.int64)
+    commit_slots = torch.full((6,), -9, dtype=torch.int64)
+    plan_scratch(block_table, qsl, seq_lens, stage_index, slot_mapping, table, write_slots,
+                 commit_slots, [cache], [cache], (torch.zeros(1), torch.zeros(1)), base,
+                 per_request)
     first = base  # batch row 0's scratch blocks: 16, 17
     assert table[0].tolist() == [3, first, first + 1, 0]
     assert table[1].tolist() == block_table[1].tolist()
     assert table[2].tolist() == block_table[2].tolist()
     assert table[3].tolist() == [-5] * 4  # past the batch: untouched
-    assert row_slots.tolist() == [first * BLOCK + 2, first * BLOCK + 3, (first + 1) * BLOCK, -1,
-                                  -9, -9]
+    # Request 0's rows go to its scratch blocks, and are committed to their own slots; request
+    # 1's and the padding row keep vLLM's slots and are not committed; past the rows, untouched.
+    assert write_slots.tolist() == [first * BLOCK + 2, first * BLOCK + 3, (first + 1) * BLOCK,
+                                    41, -1, -9]
+    assert commit_slots.tolist() == [30, 31, 32, -1, -1, -9]
     # Positions 4 and 5 (committed, in block 5) now also sit in scratch block 16.
     assert torch.equal(cache[first, :2], before[5, :2])
     changed = (cache != before).flatten(1).any(1).nonzero().flatten().tolist()

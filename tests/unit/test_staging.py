@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from vllm_nwor.kernels._common import HAS_TRITON, next_power_of_2, triton
-from vllm_nwor.kernels.stage_kv import stage_kv
+from vllm_nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.staging import (
     PAD_SLOT_ID,
     FallbackReason,
     IndexUploader,
     NworInterceptor,
+    ScratchStaging,
     StagingBuffer,
     StagingOverflow,
     VerifyStep,
@@ -43,8 +44,8 @@ class FakeCache:
         self.value[layer_idx, slot_mapping[keep]] = value[:n][keep]
         self.writes.append((layer_idx, slot_mapping[keep].tolist()))
 
-    def written_slots(self, layer_idx) -> set[int]:
-        written = (self.key[layer_idx] != SENTINEL).all(-1).all(-1)
+    def written_slots(self, layer_idx, below: int = NUM_SLOTS) -> set[int]:
+        written = (self.key[layer_idx, :below] != SENTINEL).all(-1).all(-1)
         return set(torch.nonzero(written).flatten().tolist())
 
 
@@ -91,9 +92,10 @@ def expected_slots(accepted_per_request: list[int]) -> set[int]:
     return {20 + r for r in rows}
 
 
-def assert_cache_holds(cache: FakeCache, slots: set[int]) -> None:
+def assert_cache_holds(cache: FakeCache, slots: set[int], below: int = NUM_SLOTS) -> None:
+    """Exactly ``slots`` below slot ``below`` are written, each with its row's K/V."""
     for layer_idx in range(NUM_LAYERS):
-        assert cache.written_slots(layer_idx) == slots, f"layer {layer_idx}"
+        assert cache.written_slots(layer_idx, below) == slots, f"layer {layer_idx}"
         key, value = layer_kv(layer_idx, NUM_ROWS)
         for slot in slots:
             assert torch.equal(cache.key[layer_idx, slot], key[slot - 20])
@@ -461,21 +463,37 @@ def test_seed_bug6_staging_a_layer_does_not_wipe_the_others():
 # -- FULL CUDA graphs ----------------------------------------------------------------------------
 # A captured graph runs the fused stage for every layer with the arguments it was captured with:
 # the uploader's fixed row index, vLLM's slot mapping padded with -1 to the graph's size. Here the
-# stage is stage_kv's PyTorch reference (what the Triton kernel is tested against on the GPU).
+# fused ops are FLASH_ATTN's (ScratchStaging) over the fake cache seen as blocks of one slot, with
+# the kernels' PyTorch references (what the Triton kernels are tested against on the GPU).
 
 PADDED_ROWS = 16
+CONTEXT = 2  # committed positions of each request before its rows, in blocks 0-5
+SCRATCH_BASE = NUM_SLOTS - scratch_blocks(len(NUM_DRAFTS), max(NUM_DRAFTS), 1)[1]
+
+
+def step_metadata() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block table, query starts and sequence lengths of the batch: request ``i``'s context in
+    blocks ``2i, 2i + 1``, its rows in the blocks of their slots (20.. in batch order)."""
+    table = torch.zeros((len(NUM_DRAFTS), CONTEXT + 4), dtype=torch.int32)
+    for i in range(len(NUM_DRAFTS)):
+        start, end = QUERY_START_LOC[i], QUERY_START_LOC[i + 1]
+        table[i, :CONTEXT] = torch.tensor([2 * i, 2 * i + 1])
+        table[i, CONTEXT:CONTEXT + end - start] = SLOTS[start:end]
+    seq_lens = torch.tensor([CONTEXT + QUERY_START_LOC[i + 1] - QUERY_START_LOC[i]
+                             for i in range(len(NUM_DRAFTS))], dtype=torch.int32)
+    return table, torch.tensor(QUERY_START_LOC, dtype=torch.int32), seq_lens
 
 
 def graph_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None) -> NworInterceptor:
-    buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu")
-
-    def stage_fn(layer_idx, key, value, slot_mapping, rows, buf) -> None:
-        stage_kv(key, value, cache.key[layer_idx].unsqueeze(1), cache.value[layer_idx].unsqueeze(1),
-                 slot_mapping, rows, buf.key[layer_idx], buf.value[layer_idx], buf.slot_mapping,
-                 torch.full((PADDED_ROWS,), -1))  # no scratch blocks: the staging alone
-
-    return NworInterceptor(buffer, cache.plain_write, commit_fn, stage_fn,
-                           kv_bytes_per_token=100, uploader=IndexUploader(64, "cpu"))
+    blocks = [c.unsqueeze(1) for c in cache.key], [c.unsqueeze(1) for c in cache.value]
+    staging = ScratchStaging(*blocks, cache.plain_write, step_metadata, len(NUM_DRAFTS),
+                             max(NUM_DRAFTS), PADDED_ROWS)
+    stage_fn, commit, write_back = staging.ops()
+    buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu",
+                           holds_kv=False)
+    return NworInterceptor(buffer, cache.plain_write, commit_fn or commit, stage_fn,
+                           kv_bytes_per_token=100, uploader=IndexUploader(64, "cpu"),
+                           write_back=write_back)
 
 
 def replay_graph(interceptor: NworInterceptor) -> None:
@@ -520,7 +538,7 @@ def test_a_replayed_graph_stages_and_the_commit_writes_accepted_drafts(accepted)
         assert interceptor.begin(step)
         replay_graph(interceptor)
         interceptor.commit(sampled(accepted))
-    assert_cache_holds(cache, expected_slots(accepted))
+    assert_cache_holds(cache, expected_slots(accepted), below=SCRATCH_BASE)
     counters = interceptor.counters()
     assert counters.fallbacks == {} and interceptor.graph_steps == 2
     assert counters.tokens_committed == 2 * sum(accepted)
@@ -534,8 +552,9 @@ def test_a_commit_error_after_a_replayed_graph_writes_every_layer_the_plain_way(
     assert interceptor.begin(step)
     replay_graph(interceptor)
     interceptor.commit(sampled([1, 0, 2]))
-    assert_cache_holds(cache, expected_slots([1, 0, 2]))
+    assert_cache_holds(cache, expected_slots([1, 0, 2]), below=SCRATCH_BASE)
     assert interceptor.counters().fallbacks == {"commit_error": 1}
+    assert interceptor.counters().tokens_committed == 3
     assert interceptor.graph_steps == 1
 
 
@@ -552,7 +571,7 @@ def test_a_step_that_is_not_staged_replays_the_graph_writing_every_row(why):
     assert not interceptor.begin(step)
     interceptor.unstage_rows(NUM_ROWS)  # what the runner does for such a step
     replay_graph(interceptor)
-    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)}, below=SCRATCH_BASE)
 
 
 def test_a_graph_step_with_some_layers_run_in_python_is_incomplete():
@@ -564,6 +583,9 @@ def test_a_graph_step_with_some_layers_run_in_python_is_incomplete():
     interceptor.commit(sampled([0, 0, 0]))
     assert interceptor.counters().fallbacks == {"incomplete_staging": 1}
     assert interceptor.graph_steps == 0
+    # Layers 0 and 1 staged: every row of theirs is written back as vLLM writes it, drafts too.
+    assert all(cache.written_slots(layer, SCRATCH_BASE) == {20 + r for r in range(NUM_ROWS)}
+               for layer in (0, 1))
 
 
 # -- the core needs no vLLM --------------------------------------------------------------------

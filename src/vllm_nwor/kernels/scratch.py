@@ -1,19 +1,25 @@
-"""Scratch blocks: where FlashAttention reads a staged verify step's chunk.
+"""Scratch blocks: where a staged verify step's rows wait for the verdict.
 
 NWOR keeps the last :func:`scratch_blocks` blocks of every layer's paged cache out of the
 scheduler's hands. Batch row ``i`` owns the ``per_request`` blocks from ``base + i *
-per_request``. In a verify step, a request with drafts (its last row is staged) attends through
-a block table in which its blocks from the one holding its first query row onward are its
-scratch blocks. Those hold, for every layer, the committed tokens that share the first such
-block (copied here) and the step's own rows (written by the stage kernel, beside the staging
-buffer and the cache). FlashAttention is then vLLM's own call over that table: the chunk is
-visible, and no draft is written to a block the scheduler gave a request.
+per_request``. In a verify step, a request with drafts (its last row is staged) is *drafting*:
+
+- vLLM's own KV write puts each of its rows in its scratch blocks, not in its own blocks: the
+  write goes through ``write_slots``, vLLM's slot mapping with those rows' slots replaced. Rows
+  of other requests keep their slots. So the write is vLLM's one launch per layer, unchanged.
+- FlashAttention reads it through a block table in which its blocks from the one holding its
+  first query row onward are its scratch blocks. Those hold, for every layer, the committed
+  tokens that share the first such block (copied here) and the step's own rows: the chunk is
+  visible, and no row is written to a block the scheduler gave a request.
+- After rejection sampling, :func:`~vllm_nwor.kernels.commit_kv.commit_kv` copies its accepted
+  rows (its last sampled token and its accepted drafts) from the scratch blocks to their own
+  slots, ``commit_slots`` (-1 for rows of other requests).
 
 :func:`plan_scratch` is one launch per step, before the first layer's KV update. For every
 request it writes its row of ``table`` (vLLM's ``block_table`` with those entries replaced) and
-each of its rows' slot in the scratch blocks (``row_slots``, -1 for rows of requests without
-drafts), and for every layer copies the committed tokens of the first replaced block. Everything
-it reads is a device buffer, so a CUDA graph replays it with the step's values.
+its rows' ``write_slots`` and ``commit_slots``, and for every layer copies the committed tokens
+of the first replaced block. Everything it reads is a device buffer, so a CUDA graph replays it
+with the step's values.
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ def scratch_blocks(max_num_seqs: int, num_spec_tokens: int, block_size: int) -> 
     return per_request, max_num_seqs * per_request
 
 
-def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size):
-    """``(drafting, start, p0, lo, hi)`` for request ``req`` (the reference's scalar version)."""
+def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size, per_request):
+    """``(drafting, start, p0, lo, hi)`` for request ``req`` (the reference's scalar version).
+    A request whose rows span more blocks than it owns in scratch (never, with at most ``1 + k``
+    rows) is not drafting: vLLM's write puts its rows in its own blocks."""
     start, end = int(qsl[req]), int(qsl[req + 1])
     q = end - start
     seq = int(seq_lens[req])
@@ -47,26 +55,33 @@ def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size):
     last = end - 1
     staged = q > 0 and last < row_stage_index.shape[0] and int(row_stage_index[last]) >= 0
     lo, hi = p0 // block_size, (seq - 1) // block_size
-    drafting = staged and p0 >= 0 and hi < width
+    drafting = staged and p0 >= 0 and hi < width and hi - lo < per_request
     return drafting, start, p0, lo, hi
 
 
-def plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, table, row_slots,
-                           key_caches, value_caches, base, per_request) -> None:
+def plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, slot_mapping, table,
+                           write_slots, commit_slots, key_caches, value_caches, base,
+                           per_request) -> None:
     num_reqs, width = block_table.shape
     block_size = key_caches[0].shape[1]
+    n = slot_mapping.shape[0]
+    tail = int(qsl[num_reqs])
+    write_slots[tail:n] = slot_mapping[tail:n]  # rows past the batch (a graph's padding)
+    commit_slots[tail:n] = -1
     for req in range(num_reqs):
         drafting, start, p0, lo, hi = _request_plan(qsl, seq_lens, row_stage_index, req, width,
-                                                    block_size)
+                                                    block_size, per_request)
         first = base + req * per_request
         row = block_table[req].clone()
         q = int(qsl[req + 1]) - start
         if drafting:
             row[lo:hi + 1] = torch.arange(first, first + hi - lo + 1, dtype=row.dtype)
         table[req, :width] = row
-        pos = torch.arange(p0, p0 + q, device=row_slots.device)
+        pos = torch.arange(p0, p0 + q, device=write_slots.device)
         slots = (first + pos // block_size - lo) * block_size + pos % block_size
-        row_slots[start:start + q] = slots if drafting else -1
+        own = slot_mapping[start:start + q].long()
+        write_slots[start:start + q] = slots if drafting else own
+        commit_slots[start:start + q] = own if drafting else -1
         src = int(block_table[req, lo]) if drafting else -1
         if drafting and 0 <= src < base:
             tail = p0 - lo * block_size
@@ -77,10 +92,11 @@ def plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, table, r
 
 if HAS_TRITON:
 
-    @triton.jit(do_not_specialize=["num_stage_rows"])
+    @triton.jit(do_not_specialize=["num_stage_rows", "num_rows"])
     def _plan_scratch_kernel(
         block_table_ptr, bt_stride, table_ptr, table_stride, width,
-        qsl_ptr, seq_lens_ptr, stage_index_ptr, num_stage_rows, row_slots_ptr,
+        qsl_ptr, seq_lens_ptr, stage_index_ptr, num_stage_rows, slot_ptr, num_rows,
+        write_slots_ptr, commit_slots_ptr,
         cache_base_ptr, key_offsets_ptr, value_offsets_ptr,
         cache_stride_b, cache_stride_o, cache_stride_h,
         base, per_request, block_size,
@@ -99,8 +115,15 @@ if HAS_TRITON:
         p0 = seq - q
         lo = p0 // block_size
         hi = (seq - 1) // block_size
-        drafting = staged & (p0 >= 0) & (hi < width)
+        drafting = staged & (p0 >= 0) & (hi < width) & (hi - lo < per_request)
         first = base + req * per_request
+        if (layer == 0) & (req == 0):  # rows past the batch (a graph's padding): vLLM's slots
+            tail = tl.load(qsl_ptr + tl.num_programs(0)).to(tl.int64)
+            for r0 in range(tail, num_rows, BLOCK_R):
+                r = r0 + tl.arange(0, BLOCK_R)
+                past = r < num_rows
+                tl.store(write_slots_ptr + r, tl.load(slot_ptr + r, mask=past), mask=past)
+                tl.store(commit_slots_ptr + r, tl.full([BLOCK_R], -1, tl.int64), mask=past)
         if layer == 0:
             for w0 in range(0, width, BLOCK_W):
                 w = w0 + tl.arange(0, BLOCK_W)
@@ -112,9 +135,11 @@ if HAS_TRITON:
             for r0 in range(0, q, BLOCK_R):
                 r = r0 + tl.arange(0, BLOCK_R)
                 pos = p0 + r
-                slot = (first + pos // block_size - lo) * block_size + pos % block_size
-                slot = tl.where(drafting, slot, -1)
-                tl.store(row_slots_ptr + start + r, slot, mask=r < q)
+                scratch = (first + pos // block_size - lo) * block_size + pos % block_size
+                own = tl.load(slot_ptr + start + r, mask=r < q).to(tl.int64)
+                tl.store(write_slots_ptr + start + r, tl.where(drafting, scratch, own),
+                         mask=r < q)
+                tl.store(commit_slots_ptr + start + r, tl.where(drafting, own, -1), mask=r < q)
         if drafting:
             src = tl.load(block_table_ptr + req * bt_stride + lo).to(tl.int64)
             if (src >= 0) & (src < base):
@@ -143,8 +168,10 @@ def plan_scratch(
     qsl: torch.Tensor,
     seq_lens: torch.Tensor,
     row_stage_index: torch.Tensor,
+    slot_mapping: torch.Tensor,
     table: torch.Tensor,
-    row_slots: torch.Tensor,
+    write_slots: torch.Tensor,
+    commit_slots: torch.Tensor,
     key_caches: list[torch.Tensor],
     value_caches: list[torch.Tensor],
     offsets: tuple[torch.Tensor, torch.Tensor],
@@ -154,11 +181,16 @@ def plan_scratch(
     """Plans a step's scratch blocks and copies the committed tails (see module docstring).
 
     Shapes: block_table ``[R, W]`` int32 (vLLM's); qsl ``[R + 1]`` and seq_lens ``[>= R]``
-    int32; row_stage_index ``[n]``; table ``[>= R, >= W]`` int32; row_slots ``[>= qsl[R]]``
-    int64; the caches as :func:`~vllm_nwor.kernels.commit_kv.commit_kv` takes them, with
+    int32; row_stage_index ``[<= n]``; slot_mapping ``[n]`` (vLLM's, ``n >= qsl[R]``); table
+    ``[>= R, >= W]`` int32; write_slots and commit_slots ``[>= n]`` int64; the caches as
+    :func:`~vllm_nwor.kernels.commit_kv.commit_kv` takes them, with
     ``offsets`` from :func:`~vllm_nwor.kernels.commit_kv.cache_offsets`.
     """
     num_reqs, width = block_table.shape
+    num_rows = slot_mapping.shape[0]
+    check(write_slots.shape[0] >= num_rows and commit_slots.shape[0] >= num_rows,
+          f"{num_rows} rows exceed the plan's slots ({write_slots.shape[0]}, "
+          f"{commit_slots.shape[0]})")
     check(num_reqs <= table.shape[0] and width <= table.shape[1],
           f"block table {tuple(block_table.shape)} exceeds the scratch table "
           f"{tuple(table.shape)}")
@@ -168,20 +200,22 @@ def plan_scratch(
     if num_reqs == 0:
         return
     if not use_triton(block_table):
-        plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, table, row_slots,
-                               key_caches, value_caches, base, per_request)
+        plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, slot_mapping, table,
+                               write_slots, commit_slots, key_caches, value_caches, base,
+                               per_request)
         return
     first = key_caches[0]
     _, block_size, num_heads, head_size = first.shape
     strides = (block_table.stride(0), table.stride(0), first.stride(0), first.stride(1),
                first.stride(2))
     # num_stage_rows is not specialized; every other integer is fixed for an engine.
-    spec = (block_table.dtype, qsl.dtype, seq_lens.dtype, row_stage_index.dtype, first.dtype,
-            strides, width, base, per_request, block_size, num_heads, head_size,
-            row_stage_index.shape[0] > 0x7FFFFFFF)
+    spec = (block_table.dtype, qsl.dtype, seq_lens.dtype, row_stage_index.dtype,
+            slot_mapping.dtype, first.dtype, strides, width, base, per_request, block_size,
+            num_heads, head_size, row_stage_index.shape[0] > 0x7FFFFFFF, num_rows > 0x7FFFFFFF)
     _PLAN((num_reqs, len(key_caches), 1), spec, (
         block_table, strides[0], table, strides[1], width,
-        qsl, seq_lens, row_stage_index, row_stage_index.shape[0], row_slots,
+        qsl, seq_lens, row_stage_index, row_stage_index.shape[0], slot_mapping, num_rows,
+        write_slots, commit_slots,
         first, offsets[0], offsets[1], *strides[2:],
         base, per_request, block_size,
         num_heads, head_size, next_power_of_2(num_heads),

@@ -79,9 +79,9 @@ class CpuAttnBackend:
             )
         return self._layouts[key]
 
-    def fused_ops(self, layers, buffer, max_num_seqs, num_spec_tokens, max_rows
-                  ) -> tuple[None, None]:
-        return None, None  # the interceptor's generic stage and commit use vLLM's CPU op
+    def fused_ops(self, layers, max_num_seqs, num_spec_tokens, max_rows
+                  ) -> tuple[None, None, None]:
+        return None, None, None  # the interceptor's generic stage and commit use vLLM's CPU op
 
     def window_attention(self, impl, window: int) -> None:
         impl.sliding_window = window  # CPUAttentionBackendImpl keeps vLLM's per-layer value

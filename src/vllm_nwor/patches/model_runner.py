@@ -32,6 +32,7 @@ from vllm_nwor.staging import (
     StageFn,
     StagingBuffer,
     VerifyStep,
+    WriteBackFn,
 )
 from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at, thin_acceptance
 
@@ -73,11 +74,11 @@ class NworBackend(Protocol):
         """Per-layer data the patched attention needs (for example a cache layout)."""
 
     def fused_ops(
-        self, layers: list[Attention], buffer: StagingBuffer, max_num_seqs: int,
-        num_spec_tokens: int, max_rows: int,
-    ) -> tuple[StageFn | None, CommitFn | None]:
-        """Fused stage and commit, or None to use the interceptor's generic versions. The
-        limits are the engine's: requests and drafts per request, rows per step."""
+        self, layers: list[Attention], max_num_seqs: int, num_spec_tokens: int, max_rows: int,
+    ) -> tuple[StageFn | None, CommitFn | None, WriteBackFn | None]:
+        """Fused stage, commit and write-back, or Nones to use the interceptor's generic
+        versions. The limits are the engine's: requests and drafts per request, rows per
+        step."""
 
     def window_attention(self, impl: Any, window: int) -> None:
         """Makes ``impl`` attend to the last ``window`` tokens (draft context window)."""
@@ -163,16 +164,16 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
     spec = runner.vllm_config.speculative_config
     sched = runner.vllm_config.scheduler_config
     max_tokens = min(sched.max_num_seqs * spec.num_speculative_tokens, sched.max_num_batched_tokens)
-    buffer = StagingBuffer(
-        len(layers), max_tokens, num_kv_heads, head_size, kv_dtype, first.kv_cache.device
-    )
 
     def plain_write(layer_idx: int, key, value, slot_mapping) -> None:
         backend.plain_write(layers[layer_idx], key, value, slot_mapping)
 
-    stage_fn, commit_fn = backend.fused_ops(layers, buffer, sched.max_num_seqs,
-                                            spec.num_speculative_tokens,
-                                            sched.max_num_batched_tokens)
+    stage_fn, commit_fn, write_back = backend.fused_ops(
+        layers, sched.max_num_seqs, spec.num_speculative_tokens, sched.max_num_batched_tokens)
+    buffer = StagingBuffer(
+        len(layers), max_tokens, num_kv_heads, head_size, kv_dtype, first.kv_cache.device,
+        holds_kv=write_back is None,
+    )
     interceptor = NworInterceptor(
         buffer,
         plain_write,
@@ -182,6 +183,7 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
         # Four index arrays, each padded to an even length (_step_indices).
         uploader=IndexUploader(3 * max_tokens + sched.max_num_batched_tokens + 4,
                                buffer.key.device),
+        write_back=write_back,
     )
     for idx, layer in enumerate(layers):
         setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
