@@ -23,13 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (twenty-ninth session): the eager layers' host time with three diagnostic sides (one
-# launch between vLLM's own update and attention: Triton's JIT, NWOR's compiled launcher, a
-# PyTorch op: does any launch slow the attention's issue, as NWOR's stage launch did?); then the
-# ngram cell the last session lost (k = 8, batch 1).
+# This plan (twenty-ninth session, second machine): NWOR's FLASH_ATTN path rebuilt on vLLM's
+# own KV write into scratch blocks (no stage kernel). The kernel and fallback tests first, then
+# the eager layers' host time, the engine tests, and ngram where NWOR cost most: k = 8 at batch
+# 1 (0.933 beside A/A this morning) and k = 4 at batch 8 and 32.
 stream0() {
-  step layer_host nwor_layer_host --label launch_sides
+  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
+  step layer_host nwor_layer_host --label scratch_write
+  step engine tests tests/gpu/test_engine_gpu.py
   step ngram_k8_b1 nwor_overhead --method ngram --k 8 --L 1.5 k+1 --batches 1 --reps 3 \
+    --min-requests 32 --aa
+  step ngram_k4 nwor_overhead --method ngram --k 4 --L 1.5 --batches 8 32 --reps 3 \
     --min-requests 32 --aa
 }
 
