@@ -127,16 +127,20 @@ class FlashAttnBackend:
         launch per step to commit (:class:`ScratchStaging`); fallbacks write back through
         vLLM's write. The layouts are checked once here."""
         caches = [_split_cache(layer.impl, layer.kv_cache) for layer in layers]
-        vllm_write = original(fa.FlashAttentionImpl.do_kv_cache_update)
-        impls = [layer.impl for layer in layers]
+        key_caches = [k for k, _ in caches]
+        value_caches = [v for _, v in caches]
+        write_op = fa.reshape_and_cache_flash  # what do_kv_cache_update calls, per layer
 
         def write(layer_idx, key, value, slot_mapping) -> None:
+            """vLLM's do_kv_cache_update of a decoder layer, with its cache views made once
+            here rather than per call (host time in every layer outside CUDA graphs)."""
             layer = layers[layer_idx]
-            vllm_write(impls[layer_idx], layer, key, value, layer.kv_cache, slot_mapping)
+            write_op(key, value, key_caches[layer_idx], value_caches[layer_idx], slot_mapping,
+                     layer.impl.kv_cache_dtype, layer._k_scale, layer._v_scale)
 
         scratch = self.scratch = ScratchMetadata(layers[0].layer_name)
-        scratch.staging = ScratchStaging([k for k, _ in caches], [v for _, v in caches], write,
-                                         scratch.step, max_num_seqs, num_spec_tokens, max_rows)
+        scratch.staging = ScratchStaging(key_caches, value_caches, write, scratch.step,
+                                         max_num_seqs, num_spec_tokens, max_rows)
         return scratch.staging.ops()
 
     def window_attention(self, impl, window: int) -> None:
