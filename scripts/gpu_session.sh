@@ -23,36 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (twenty-ninth session, third machine): the scratch-write path with vLLM's op called
-# directly. Kernel and fallback tests; the eager layers' host time of the Triton-stage code
-# (7f63842, unpacked into ab_old/ beside this checkout) and of this one, on one machine, ABBA;
-# two engine tests; ngram k = 8 at batch 1 again.
-layer_host_old() {  # the Triton-stage checkout's benchmark and plugin, labelled "before"
-  [ -e "$OUT/$1.done" ] && return
-  echo "=== $1 start $(date +%T)"
-  (cd ab_old && PYTHONPATH="$PWD/src:/tmp/site" VLLM_USE_FLASHINFER_SAMPLER=0 \
-    python3 benchmarks/nwor_layer_host.py \
-    --label before --jsonl "$OUT/layer_host_ab.jsonl" > "$OUT/$1.log" 2>&1)
-  echo "$?" > "$OUT/$1.done"
-  echo "=== $1 end $(date +%T) rc=$(cat "$OUT/$1.done")"
-}
-layer_host_new() {
-  [ -e "$OUT/$1.done" ] && return
-  echo "=== $1 start $(date +%T)"
-  PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 python3 benchmarks/nwor_layer_host.py \
-    --label after --jsonl "$OUT/layer_host_ab.jsonl" > "$OUT/$1.log" 2>&1
-  echo "$?" > "$OUT/$1.done"
-  echo "=== $1 end $(date +%T) rc=$(cat "$OUT/$1.done")"
-}
+# This plan (for the thirtieth session): the scratch-write path (vLLM's own KV write into
+# scratch blocks, 9f033ea) had its kernel and fallback tests and two engine tests on its final
+# form, the other eight engine tests one commit before, and ngram only at batch 1. Next: every
+# GPU test on one commit, then ngram at batch 8-128 beside A/A for a new pool (the old one,
+# 0.982 over 28 ngram cells, was the Triton-stage code's), then draft_model.
 stream0() {
-  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
-  layer_host_old lh1
-  layer_host_new lh2
-  layer_host_new lh3
-  layer_host_old lh4
-  step engine2 tests tests/gpu/test_engine_gpu.py -k \
-    "test_default_settings_tokens_and_counters or test_draft_model_no_rejected_draft_reaches"
-  step ngram_k8_b1 nwor_overhead --method ngram --k 8 --L 1.5 k+1 --batches 1 --reps 3 \
+  step tests tests
+  step ngram_k4 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
+    --min-requests 32 --aa
+  step ngram_k28 nwor_overhead --method ngram --k 2 8 --L 1.5 --batches 8 32 128 --reps 3 \
+    --min-requests 32 --aa
+  step dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 2 \
     --min-requests 32 --aa
 }
 
