@@ -7,7 +7,7 @@ time in every layer. When the GPU finishes a layer's kernels sooner than the hos
 next, that host time is the step's time. This benchmark calls FLASH_ATTN's ``do_kv_cache_update``
 and ``forward`` for 32 layers of an 8B-shaped model (32 query heads, 8 KV heads, head size 128),
 as vLLM's own (``original``) and as NWOR's patched versions with a real interceptor (begin,
-stage, split attention, commit), and reports per step:
+stage, attention through the scratch blocks, commit), and reports per step:
 
 - ``host_ms``: the time to issue the step (the host's work; the GPU is synchronised before
   each step, so the host never waits on a full launch queue);

@@ -696,7 +696,9 @@ class NworInterceptor:
         buffer = self.buffer
         if self.write_back is not None:
             rows = step.row_stage_index.shape[0]
-            if self.graph_staging and not buffer.holds_data():  # a replayed graph staged all
+            # No layer ran Python: a replayed graph staged every layer. (A step is begun in the
+            # same execute_model call as its forward, so the plan written back is its own.)
+            if self.graph_staging and not buffer.holds_data():
                 self.write_back(range(buffer.num_layers), rows, None)
             else:
                 self.write_back(buffer.layers_with_data(), rows, None)

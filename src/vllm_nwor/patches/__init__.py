@@ -10,7 +10,7 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
 4. ``GPUModelRunner._sample``: commit the accepted drafts after rejection sampling.
 5. ``CPUAttentionBackendImpl.do_kv_cache_update``: stage draft rows of bound layers.
 6. ``CPUAttentionBackendImpl.forward``: chunk-verify attention in staged steps (and no 2nd write).
-7. ``FlashAttentionImpl.do_kv_cache_update``: fused stage kernel for bound layers.
+7. ``FlashAttentionImpl.do_kv_cache_update``: bound layers write through the scratch plan.
 8. ``FlashAttentionImpl.forward``: in staged steps, vLLM's own attention over a block table
    whose drafting requests' last blocks are scratch blocks holding the step's chunk.
 9. ``GPUModelRunner.capture_model``: with NWOR on, FULL graphs of batches that may verify are

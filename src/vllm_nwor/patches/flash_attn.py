@@ -180,7 +180,8 @@ PATCHES = [
         "do_kv_cache_update",
         wrap_kv_cache_update,
         why="Route a bound target layer's KV write through the interceptor during a verify "
-        "step (fused stage kernel). Draft-model layers are unbound and untouched.",
+        "step (vLLM's own write, through slots that keep drafting requests' rows in scratch "
+        "blocks until the commit). Draft-model layers are unbound and untouched.",
     ),
     Patch(
         fa.FlashAttentionImpl,
