@@ -79,12 +79,13 @@ StageFn = Callable[
 ]
 """A backend's fused stage: ``(layer_idx, key, value, slot_mapping, row_stage_index, buffer)``.
 
-Keeps the drafts (rows ``r`` with ``row_stage_index[r] >= 0``) of ``key``/``value`` out of the
-paged cache's blocks until the commit, and writes the rows it does not keep through
-``slot_mapping`` exactly as vLLM's own write would. A row whose slot is -1 (padding) is neither
-kept nor written. Where it keeps them is the backend's: in ``buffer`` (``buffer.key[layer_idx]``,
-``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, at that index), or elsewhere with a
-:data:`WriteBackFn`.
+Keeps the drafts (rows ``r`` with ``row_stage_index[r] >= 0``) of ``key``/``value``, and may
+keep the other rows of their requests, out of the blocks the scheduler gave those requests
+until the commit, and writes the rows it does not keep through ``slot_mapping`` exactly as
+vLLM's own write would. A row whose slot is -1 (padding) is neither kept nor written. Where it
+keeps them is the backend's: the drafts in ``buffer`` (``buffer.key[layer_idx]``,
+``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, at their index), or anywhere, with a
+:data:`WriteBackFn` (FLASH_ATTN: :class:`ScratchStaging`).
 """
 
 WriteBackFn = Callable[[Sequence[int], int, "Verdict | None"], None]
