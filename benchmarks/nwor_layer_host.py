@@ -155,19 +155,9 @@ class Step:
         return interceptor
 
 
-patches.apply_all()  # as in the engine: NWOR's fused ops call vLLM's own KV update
-
-
-def _vllms(function):
-    """vLLM's own function, whether or not the plugin's patches are applied in this process."""
-    try:
-        return original(function)
-    except AttributeError:  # not patched
-        return function
-
-
-VLLM_UPDATE = _vllms(fa.FlashAttentionImpl.do_kv_cache_update)
-VLLM_FORWARD = _vllms(fa.FlashAttentionImpl.forward)
+patches.apply_all()  # as in the engine; vLLM's own functions are then the patches' originals
+VLLM_UPDATE = original(fa.FlashAttentionImpl.do_kv_cache_update)
+VLLM_FORWARD = original(fa.FlashAttentionImpl.forward)
 NWOR_UPDATE = wrap_kv_cache_update(VLLM_UPDATE)
 NWOR_FORWARD = nwor_fa._wrap_forward(VLLM_FORWARD)
 

@@ -581,9 +581,7 @@ class NworInterceptor:
             return
         buffer = self.buffer
         if not buffer.is_complete():
-            # No layer ran Python: the step replayed a FULL graph, which staged every layer.
-            replayed = self.graph_staging and not buffer.holds_data()
-            if not replayed:
+            if not self._replayed_graph():
                 self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
                 self._write_all_staged(step)
                 return
@@ -693,13 +691,18 @@ class NworInterceptor:
         self._write_all_staged(self._step)
         self._failed = True
 
+    def _replayed_graph(self) -> bool:
+        """Whether the step replayed a FULL graph captured with the staged path: no layer ran
+        Python, and such a graph stages every layer."""
+        return self.graph_staging and not self.buffer.holds_data()
+
     def _write_all_staged(self, step: VerifyStep) -> None:
         buffer = self.buffer
         if self.write_back is not None:
             rows = step.row_stage_index.shape[0]
-            # No layer ran Python: a replayed graph staged every layer. (A step is begun in the
-            # same execute_model call as its forward, so the plan written back is its own.)
-            if self.graph_staging and not buffer.holds_data():
+            # (A step is begun in the same execute_model call as its forward, so after a
+            # replayed graph the plan written back is the step's own.)
+            if self._replayed_graph():
                 self.write_back(range(buffer.num_layers), rows, None)
             else:
                 self.write_back(buffer.layers_with_data(), rows, None)

@@ -208,7 +208,7 @@ def plan_scratch(
     _, block_size, num_heads, head_size = first.shape
     strides = (block_table.stride(0), table.stride(0), first.stride(0), first.stride(1),
                first.stride(2))
-    # num_stage_rows is not specialized; every other integer is fixed for an engine.
+    # num_stage_rows and num_rows are not specialized; every other integer is fixed for an engine.
     spec = (block_table.dtype, qsl.dtype, seq_lens.dtype, row_stage_index.dtype,
             slot_mapping.dtype, first.dtype, strides, width, base, per_request, block_size,
             num_heads, head_size, row_stage_index.shape[0] > 0x7FFFFFFF, num_rows > 0x7FFFFFFF)
