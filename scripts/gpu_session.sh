@@ -26,16 +26,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # This plan (for the thirtieth session): the scratch-write path (vLLM's own KV write into
 # scratch blocks, 9f033ea) had its kernel and fallback tests and two engine tests on its final
 # form, the other eight engine tests one commit before, and ngram only at batch 1. Next: every
-# GPU test on one commit, then ngram at batch 8-128 beside A/A for a new pool (the old one,
-# 0.982 over 28 ngram cells, was the Triton-stage code's), then draft_model.
+# GPU test on one commit and ngram at batch 8-128 beside A/A for a new pool (the old one,
+# 0.982 over 28 ngram cells, was the Triton-stage code's), then draft_model. The pool first:
+# a machine is held 30 minutes at most.
 stream0() {
-  step tests tests
   step ngram_k4 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
     --min-requests 32 --aa
   step ngram_k28 nwor_overhead --method ngram --k 2 8 --L 1.5 --batches 8 32 128 --reps 3 \
     --min-requests 32 --aa
   step dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 2 \
     --min-requests 32 --aa
+  step tests tests
 }
 
 gpus=$(nvidia-smi -L | wc -l)
