@@ -23,20 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the thirtieth session): the scratch-write path (vLLM's own KV write into
-# scratch blocks, 9f033ea) had its kernel and fallback tests and two engine tests on its final
-# form, the other eight engine tests one commit before, and ngram only at batch 1. Next: every
-# GPU test on one commit and ngram at batch 8-128 beside A/A for a new pool (the old one,
-# 0.982 over 28 ngram cells, was the Triton-stage code's), then draft_model. The pool first:
-# a machine is held 30 minutes at most.
+# This plan (the thirtieth session's second machine): the first machine ran the pool's 18 cells
+# at batch 8-128 (ngram k = 2, 4, 8, draft_model k = 4, beside A/A) and ran out of time in the
+# GPU tests. Now every GPU test on one commit, then batch 1 (issue 3's second target) beside A/A.
 stream0() {
-  step ngram_k4 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 3 \
-    --min-requests 32 --aa
-  step ngram_k28 nwor_overhead --method ngram --k 2 8 --L 1.5 --batches 8 32 128 --reps 3 \
-    --min-requests 32 --aa
-  step dm_k4 nwor_overhead --method draft_model --k 4 --L 1.5 k+1 --batches 8 32 128 --reps 2 \
-    --min-requests 32 --aa
   step tests tests
+  step dm_k4_b1 nwor_overhead --method draft_model --k 4 --L 1.5 k+1 --batches 1 --reps 3 \
+    --min-requests 32 --aa
+  step ngram_k4_b1 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 1 --reps 3 \
+    --min-requests 32 --aa
 }
 
 gpus=$(nvidia-smi -L | wc -l)
