@@ -23,14 +23,21 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the thirtieth session's second machine): the first machine ran the pool's 18 cells
-# at batch 8-128 (ngram k = 2, 4, 8, draft_model k = 4, beside A/A) and ran out of time in the
-# GPU tests. Now every GPU test on one commit, then batch 1 (issue 3's second target) beside A/A.
+# This plan (for the thirty-first session): the thirtieth pooled 18 cells at batch 8-128 and
+# four at batch 1 on the scratch-write path, and ran every GPU test on one commit. The rest of
+# the issue's matrix at batch 8-128 next, beside A/A (two machines of about 25 minutes each:
+# skip the first machine's finished steps on the second with `echo skipped > <step>.done`),
+# then batch 1.
 stream0() {
-  step tests tests
-  step dm_k4_b1 nwor_overhead --method draft_model --k 4 --L 1.5 k+1 --batches 1 --reps 3 \
+  step ngram_L3 nwor_overhead --method ngram --k 2 4 8 --L 3.0 --batches 8 32 128 --reps 2 \
     --min-requests 32 --aa
-  step ngram_k4_b1 nwor_overhead --method ngram --k 4 --L 1.5 k+1 --batches 1 --reps 3 \
+  step ngram_full nwor_overhead --method ngram --k 2 8 --L k+1 --batches 8 32 128 --reps 2 \
+    --min-requests 32 --aa
+  step dm_k28 nwor_overhead --method draft_model --k 2 8 --L 1.5 3.0 k+1 --batches 8 32 128 \
+    --reps 2 --min-requests 32 --aa
+  step dm_k4_L3 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 8 32 128 --reps 2 \
+    --min-requests 32 --aa
+  step ngram_b1 nwor_overhead --method ngram --k 2 4 --L 1.5 3.0 k+1 --batches 1 --reps 2 \
     --min-requests 32 --aa
 }
 

@@ -99,7 +99,7 @@ them. Every fallback goes through it."""
 class FallbackReason(str, enum.Enum):
     """Why a verify step took vLLM's plain write path."""
 
-    OVERFLOW = "overflow"  # more draft tokens than the staging buffer holds
+    OVERFLOW = "overflow"  # more draft tokens than staging takes (max_num_seqs x k at most)
     FAKE_TENSOR = "fake_tensor"  # called with fake/meta tensors (tracing, compile)
     SLOT_MAPPING = "slot_mapping_mismatch"  # a layer brought a different slot mapping
     STAGE_ERROR = "stage_error"  # staging raised
