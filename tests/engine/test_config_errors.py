@@ -109,3 +109,25 @@ def test_window_and_scv_values_are_checked(tiny_models, speculative, fragment):
         speculative = {**speculative, "model": draft}
     with pytest.raises(NworConfigError, match=fragment), engine(target, speculative):
         pass
+
+
+def test_an_attention_feature_nwor_cannot_serve_is_refused_naming_it(tiny_models, tmp_path):
+    """A layer with a sliding window (set through the checkpoint's own config) is refused at
+    start-up by the attention backend's check, with the feature, its value and the layer."""
+    import json
+    import shutil
+
+    target, _ = tiny_models
+    windowed = tmp_path / "windowed"
+    shutil.copytree(target, windowed)
+    config = json.loads((windowed / "config.json").read_text())
+    config |= {"sliding_window": 8,
+               "layer_types": ["sliding_attention"] * config["num_hidden_layers"]}
+    (windowed / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NworConfigError) as err, engine(
+        str(windowed), spec_config("ngram", nwor=True)
+    ):
+        pass
+    message = str(err.value)
+    for fragment in ("'nwor': true on CPU_ATTN", "sliding_window=8", "layer model.layers.0"):
+        assert fragment in message, message

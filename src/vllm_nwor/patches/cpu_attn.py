@@ -16,14 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
 from vllm_nwor.attention import chunk_verify_attention
-from vllm_nwor.config import NworConfigError
 from vllm_nwor.kv_layout import PagedKVLayout
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import staged_binding, wrap_kv_cache_update
+from vllm_nwor.patches.model_runner import (
+    refuse_unsupported,
+    staged_binding,
+    wrap_kv_cache_update,
+)
 
 
 def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -43,24 +45,12 @@ class CpuAttnBackend:
 
     def check(self, layer) -> None:
         impl = layer.impl
-        unsupported = []
-        if impl.attn_type != AttentionType.DECODER:
-            unsupported.append(f"attn_type={impl.attn_type}")
-        if impl.sliding_window != -1:
-            unsupported.append(f"sliding_window={impl.sliding_window}")
-        if impl.alibi_slopes is not None:
-            unsupported.append("ALiBi")
-        if impl.logits_soft_cap:
-            unsupported.append(f"logits_soft_cap={impl.logits_soft_cap}")
-        if impl.sinks is not None:
-            unsupported.append("attention sinks")
-        if impl.is_fp8_kv_cache:
-            unsupported.append(f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto')")
-        if unsupported:
-            raise NworConfigError(
-                f"'nwor': true on CPU_ATTN does not support {', '.join(unsupported)} "
-                f"(layer {layer.layer_name})"
-            )
+        refuse_unsupported(
+            self.name, layer,
+            f"sliding_window={impl.sliding_window}" if impl.sliding_window != -1 else None,
+            f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto')"
+            if impl.is_fp8_kv_cache else None,
+        )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
         _vllm_do_kv_cache_update(layer.impl, layer, key, value, layer.kv_cache, slot_mapping)

@@ -113,8 +113,7 @@ def check_engine_config(vllm_config: Any) -> None:
     if cache_dtype not in ("auto", "bfloat16", "float16"):
         raise NworConfigError(
             f"'nwor': true does not support kv_cache_dtype={cache_dtype!r} (allowed: 'auto', "
-            "'bfloat16', 'float16'): committing fp8 drafts would have to reproduce vLLM's "
-            "quantization exactly"
+            "'bfloat16', 'float16'): NWOR with an fp8 KV cache is not yet tested (docs/gpu.md)"
         )
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise NworConfigError(

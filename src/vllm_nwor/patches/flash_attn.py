@@ -31,13 +31,12 @@ from typing import Any
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import get_forward_context
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_nwor.config import NworConfigError
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.model_runner import (
     INTERCEPTOR_ATTR,
+    refuse_unsupported,
     staged_binding,
     wrap_kv_cache_update,
 )
@@ -89,29 +88,16 @@ class FlashAttnBackend:
 
     def check(self, layer) -> None:
         impl = layer.impl
-        unsupported = []
-        if impl.attn_type != AttentionType.DECODER:
-            unsupported.append(f"attn_type={impl.attn_type}")
-        if impl.sliding_window not in (None, (-1, -1)):
-            unsupported.append(f"sliding_window={impl.sliding_window}")
-        if impl.alibi_slopes is not None:
-            unsupported.append("ALiBi")
-        if impl.logits_soft_cap:
-            unsupported.append(f"logits_soft_cap={impl.logits_soft_cap}")
-        if impl.sinks is not None:
-            unsupported.append("attention sinks")
-        if impl.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
-            unsupported.append(
-                f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto', 'bfloat16', "
-                "'float16'; an fp8 commit would have to reproduce vLLM's quantization)"
-            )
-        if getattr(impl, "dcp_world_size", 1) > 1:
-            unsupported.append(f"decode context parallel size {impl.dcp_world_size}")
-        if unsupported:
-            raise NworConfigError(
-                f"'nwor': true on FLASH_ATTN does not support {', '.join(unsupported)} "
-                f"(layer {layer.layer_name})"
-            )
+        refuse_unsupported(
+            self.name, layer,
+            f"sliding_window={impl.sliding_window}"
+            if impl.sliding_window not in (None, (-1, -1)) else None,
+            f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto', 'bfloat16', 'float16'; "
+            "NWOR with an fp8 KV cache is not yet tested)"
+            if impl.kv_cache_dtype not in ("auto", "bfloat16", "float16") else None,
+            f"decode context parallel size {impl.dcp_world_size}"
+            if getattr(impl, "dcp_world_size", 1) > 1 else None,
+        )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
         original(fa.FlashAttentionImpl.do_kv_cache_update)(

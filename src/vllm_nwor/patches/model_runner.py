@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention.attention import Attention
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
@@ -82,6 +83,23 @@ class NworBackend(Protocol):
 
     def window_attention(self, impl: Any, window: int) -> None:
         """Makes ``impl`` attend to the last ``window`` tokens (draft context window)."""
+
+
+def refuse_unsupported(backend: str, layer: Attention, *more: str | None) -> None:
+    """A backend's start-up check: raises :class:`NworConfigError` naming every feature of
+    ``layer`` that NWOR on ``backend`` cannot serve, those no backend serves and then ``more``
+    (the backend's own findings, None for each that is fine)."""
+    impl = layer.impl
+    unsupported = [u for u in (
+        f"attn_type={impl.attn_type}" if impl.attn_type != AttentionType.DECODER else None,
+        "ALiBi" if impl.alibi_slopes is not None else None,
+        f"logits_soft_cap={impl.logits_soft_cap}" if impl.logits_soft_cap else None,
+        "attention sinks" if impl.sinks is not None else None,
+        *more,
+    ) if u]
+    if unsupported:
+        raise NworConfigError(f"'nwor': true on {backend} does not support "
+                              f"{', '.join(unsupported)} (layer {layer.layer_name})")
 
 
 def staged_binding(layer: Attention, attn_metadata: Any) -> LayerBinding | None:
