@@ -29,6 +29,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # skip the first machine's finished steps on the second with `echo skipped > <step>.done`),
 # then batch 1.
 stream0() {
+  step fp8 tests tests/gpu/test_kernels.py -k fp8  # what lifting the fp8 refusal would rest on
   step ngram_L3 nwor_overhead --method ngram --k 2 4 8 --L 3.0 --batches 8 32 128 --reps 2 \
     --min-requests 32 --aa
   step ngram_full nwor_overhead --method ngram --k 2 8 --L k+1 --batches 8 32 128 --reps 2 \

@@ -4,7 +4,7 @@ Caches start filled with a sentinel; plans and commits are compared with ``torch
 every slot that must stay untouched is checked to still hold the sentinel. Attention through the
 scratch blocks is compared with vLLM's own, bit for bit. Shapes: head sizes 64/128/256, GQA
 1/4/8, block sizes 16/32, 0/1/odd row counts, all drafts rejected or all accepted, offsets that
-need 64 bits.
+need 64 bits; caches of bf16 (float32 in Triton's interpreter) and of fp8 bytes.
 """
 
 from __future__ import annotations
@@ -18,13 +18,26 @@ from vllm_nwor.kernels.scratch import plan_scratch, plan_scratch_reference, scra
 
 SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+FP8_STORAGE = torch.uint8  # vLLM's fp8 KV cache: bytes, viewed as float8 where it is read
 
 pytestmark = pytest.mark.interpretable
 
 
+def sentinel(dtype):
+    """What an untouched cache element holds: never drawn by :func:`random_kv`."""
+    return 0xFF if dtype == FP8_STORAGE else SENTINEL  # 0xFF is a NaN in e4m3
+
+
+def random_kv(shape, dtype=DTYPE):
+    """Random K/V as a cache of ``dtype`` holds them (any byte but the sentinel for fp8)."""
+    if dtype == FP8_STORAGE:
+        return torch.randint(0, 0xFF, shape, dtype=dtype, device=DEVICE)
+    return torch.randn(shape, device=DEVICE).to(dtype)
+
+
 def paged_cache(num_blocks, block_size, num_kv_heads, head_size, dtype=DTYPE):
     """vLLM FLASH_ATTN's cache: logical (blocks, H, block_size, 2D), physical NHD; K/V views."""
-    raw = torch.full((num_blocks, block_size, num_kv_heads, 2 * head_size), SENTINEL,
+    raw = torch.full((num_blocks, block_size, num_kv_heads, 2 * head_size), sentinel(dtype),
                      dtype=dtype, device=DEVICE)
     kv_cache = raw.permute(0, 2, 1, 3)  # logical (B, H, N, 2D) over NHD storage
     key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
@@ -83,9 +96,9 @@ def test_launcher_reuses_the_compiled_kernel_and_falls_back_for_unaligned_tensor
 # -- commit_kv ---------------------------------------------------------------------------------
 
 
-def layer_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size):
+def layer_caches(num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype=DTYPE):
     """Separate allocations per layer, as vLLM makes them."""
-    caches = [paged_cache(num_blocks, block_size, num_kv_heads, head_size)
+    caches = [paged_cache(num_blocks, block_size, num_kv_heads, head_size, dtype)
               for _ in range(num_layers)]
     return [c[0] for c in caches], [c[1] for c in caches], [c[2] for c in caches]
 
@@ -100,17 +113,16 @@ def scratch_rows(n, num_blocks, block_size):
 
 
 def assert_commit_matches_reference(num_layers, num_blocks, block_size, num_kv_heads, head_size,
-                                    src, dst, verdict_of=None):
+                                    src, dst, verdict_of=None, dtype=DTYPE):
     """The kernel and the reference commit the same bytes from scratch blocks filled with
     random K/V (each layer its own); everything else keeps the sentinel. Returns the first
     run's caches and the counts each run added to ``committed`` (from 40)."""
     torch.manual_seed(3)
-    scratch = torch.randn(num_layers, 2, block_size, num_kv_heads, 2 * head_size,
-                          device=DEVICE).to(DTYPE)
+    scratch = random_kv((num_layers, 2, block_size, num_kv_heads, 2 * head_size), dtype)
     results, counted = [], []
     for fn in (commit_kv, commit_kv_reference):
         raws, key_caches, value_caches = layer_caches(num_layers, num_blocks, block_size,
-                                                      num_kv_heads, head_size)
+                                                      num_kv_heads, head_size, dtype)
         for layer, raw in enumerate(raws):
             raw[-2:] = scratch[layer]
         committed = torch.full((), 40, dtype=torch.int64, device=DEVICE)
@@ -126,18 +138,20 @@ def assert_commit_matches_reference(num_layers, num_blocks, block_size, num_kv_h
 
 def written_below(raw, num_blocks) -> list[int]:
     """Slots below the last two blocks that no longer hold the sentinel."""
-    written = (raw[:num_blocks] != SENTINEL).all(-1).all(-1).flatten()
+    written = (raw[:num_blocks] != sentinel(raw.dtype)).all(-1).all(-1).flatten()
     return sorted(torch.nonzero(written).flatten().tolist())
 
 
 @pytest.mark.parametrize("num_rows", [0, 1, 13])
 @pytest.mark.parametrize("head_size,num_kv_heads", [(64, 8), (128, 1), (256, 4)])
 @pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", [DTYPE, FP8_STORAGE], ids=["float", "fp8"])
 def test_commit_kv_copies_every_row_with_a_destination(num_rows, head_size, num_kv_heads,
-                                                       block_size):
+                                                       block_size, dtype):
     torch.manual_seed(num_rows + head_size + block_size)
     src, dst = scratch_rows(num_rows, 6, block_size)
-    raws, _ = assert_commit_matches_reference(3, 6, block_size, num_kv_heads, head_size, src, dst)
+    raws, _ = assert_commit_matches_reference(3, 6, block_size, num_kv_heads, head_size, src, dst,
+                                              dtype=dtype)
     for raw in raws:
         assert written_below(raw, 4) == sorted(d for d in dst.tolist() if d >= 0)
         for s, d in zip(src.tolist(), dst.tolist(), strict=True):
@@ -294,18 +308,18 @@ def own_slots(requests, block_table, qsl, block_size, padding=0):
 @pytest.mark.parametrize("requests", SCRATCH_STEPS)
 @pytest.mark.parametrize("head_size,num_kv_heads", [(64, 1), (128, 8), (256, 2)])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block_size):
+@pytest.mark.parametrize("dtype", [DTYPE, FP8_STORAGE], ids=["float", "fp8"])
+def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block_size, dtype):
     torch.manual_seed(len(requests) + head_size + block_size)
     per_request, total = scratch_blocks(len(requests), 8, block_size)
     base = 128
     block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
     slot_mapping = own_slots(requests, block_table, qsl, block_size, padding=2)
-    committed = torch.randn(3, base, block_size, num_kv_heads, 2 * head_size,
-                            device=DEVICE).to(DTYPE)
+    committed = random_kv((3, base, block_size, num_kv_heads, 2 * head_size), dtype)
     results = []
     for fn in (plan_scratch, plan_scratch_reference):
         raws, key_caches, value_caches = layer_caches(3, base + total, block_size, num_kv_heads,
-                                                      head_size)
+                                                      head_size, dtype)
         for layer, raw in enumerate(raws):
             raw[:base] = committed[layer]
         table = torch.full((len(requests) + 2, block_table.shape[1]), -5, dtype=torch.int32,
@@ -389,6 +403,66 @@ def test_vllms_write_through_the_plan_then_the_commit_equals_vllms_plain_write(
                             one)
     got = flash_attn_varlen_func(k=key_caches[0], v=value_caches[0], block_table=table, **common)
     assert torch.equal(got, want)
+    flat_before = before.view(-1, num_kv_heads, 2 * head_size)
+    flat_after = raws[0][:base].reshape(-1, num_kv_heads, 2 * head_size)
+    drafts = slots[stage_index >= 0]
+    assert torch.equal(flat_after[drafts], flat_before[drafts]), "a draft reached its block"
+    commit_kv(key_caches, value_caches, write_slots, commit_slots, offsets)
+    assert torch.equal(raws[0][:base], plain_raw[:base])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs vLLM's CUDA ops and FlashAttention")
+@pytest.mark.parametrize("requests", SCRATCH_STEPS)
+def test_an_fp8_cache_through_the_plan_holds_vllms_quantized_bytes(requests):
+    """What lifting the fp8 refusal would rest on (NWOR refuses an fp8 KV cache at start-up until
+    this and an engine test pass on the GPU). vLLM's own quantizing write through the plan's
+    write slots, then FA3 over the plan's table with vLLM's descales, is bit for bit vLLM's
+    plain fp8 write and call; after the commit the blocks below the scratch hold exactly the
+    plain write's quantized bytes."""
+    from vllm._custom_ops import reshape_and_cache_flash
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    fp8 = torch.float8_e4m3fn
+    torch.manual_seed(len(requests))
+    head_size, group, num_kv_heads, block_size, base = 128, 4, 2, 16, 128
+    per_request, total = scratch_blocks(len(requests), 8, block_size)
+    block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
+    n = int(qsl[-1])
+    key, value = rows(n, num_kv_heads, head_size)
+    slots = own_slots(requests, block_table, qsl, block_size)
+    k_scale, v_scale = (torch.tensor(s, dtype=torch.float32, device=DEVICE) for s in (0.02, 0.03))
+    descale = (len(requests), num_kv_heads)
+    query = torch.randn(n, group * num_kv_heads, head_size, device=DEVICE).to(fp8)
+
+    def attend(key_cache, value_cache, table):
+        out = torch.empty(n, group * num_kv_heads, head_size, dtype=torch.bfloat16, device=DEVICE)
+        flash_attn_varlen_func(
+            q=query, k=key_cache.view(fp8), v=value_cache.view(fp8), out=out, cu_seqlens_q=qsl,
+            max_seqlen_q=max(q for _, q, _ in requests), seqused_k=seq_lens,
+            max_seqlen_k=int(seq_lens.max()), softmax_scale=head_size**-0.5, causal=True,
+            block_table=table, fa_version=3, q_descale=torch.ones(descale, device=DEVICE),
+            k_descale=k_scale.expand(descale), v_descale=v_scale.expand(descale))
+        return out
+
+    raws, key_caches, value_caches = layer_caches(1, base + total, block_size, num_kv_heads,
+                                                  head_size, FP8_STORAGE)
+    # Finite fp8 everywhere (the sentinel byte is a NaN, which FA3's masked loads would carry).
+    raws[0].copy_(torch.randn(raws[0].shape, device=DEVICE).to(fp8).view(FP8_STORAGE))
+    plain_raw = raws[0].clone()
+    plain_key, plain_value = plain_raw[..., :head_size], plain_raw[..., head_size:]
+    reshape_and_cache_flash(key, value, plain_key, plain_value, slots, "fp8", k_scale, v_scale)
+    want = attend(plain_key, plain_value, block_table)
+
+    table = torch.zeros_like(block_table)
+    write_slots, commit_slots = (torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+                                 for _ in range(2))
+    offsets = cache_offsets(key_caches, value_caches)
+    plan_scratch(block_table, qsl, seq_lens, stage_index, slots, table, write_slots,
+                 commit_slots, key_caches, value_caches, offsets, base, per_request)
+    before = raws[0][:base].clone()
+    reshape_and_cache_flash(key, value, key_caches[0], value_caches[0], write_slots, "fp8",
+                            k_scale, v_scale)
+    assert torch.equal(attend(key_caches[0], value_caches[0], table), want)
     flat_before = before.view(-1, num_kv_heads, 2 * head_size)
     flat_after = raws[0][:base].reshape(-1, num_kv_heads, 2 * head_size)
     drafts = slots[stage_index >= 0]
