@@ -362,16 +362,20 @@ def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block
 @pytest.mark.skipif(not ON_GPU, reason="needs vLLM's CUDA ops and FlashAttention")
 @pytest.mark.parametrize("head_size,group", [(64, 1), (128, 4), (128, 8), (256, 2)])
 @pytest.mark.parametrize("requests", SCRATCH_STEPS)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_vllms_write_through_the_plan_then_the_commit_equals_vllms_plain_write(
-        head_size, group, requests):
+        head_size, group, requests, kv_cache_dtype):
     """Staged: the plan, vLLM's own ``reshape_and_cache_flash`` through its write slots, vLLM's
     FA call over its table. Plain: vLLM's write through vLLM's slots, the same call over vLLM's
     table. The attention outputs are bit-identical; no draft reaches its own block before the
     commit; after a commit of every row, the blocks below the scratch hold exactly the plain
-    write's bytes."""
+    write's bytes. With an fp8 cache vLLM's write quantizes with its scales and FA3 reads with
+    its descales, as vLLM calls them: what lifting NWOR's fp8 refusal would rest on (it stays
+    until this and an engine test pass on the GPU)."""
     from vllm._custom_ops import reshape_and_cache_flash
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
+    fp8 = kv_cache_dtype == "fp8"
     torch.manual_seed(head_size + group + len(requests))
     num_kv_heads, block_size, base = 2, 16, 128
     per_request, total = scratch_blocks(len(requests), 8, block_size)
@@ -379,78 +383,36 @@ def test_vllms_write_through_the_plan_then_the_commit_equals_vllms_plain_write(
     n = int(qsl[-1])
     key, value = rows(n, num_kv_heads, head_size)
     slots = own_slots(requests, block_table, qsl, block_size)
-    query = torch.randn(n, group * num_kv_heads, head_size, device=DEVICE).to(DTYPE)
-    one = torch.ones((), device=DEVICE)
-    common = dict(q=query, cu_seqlens_q=qsl, max_seqlen_q=max(q for _, q, _ in requests),
-                  seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
-                  softmax_scale=head_size**-0.5, causal=True, fa_version=3)
-    raws, key_caches, value_caches = layer_caches(1, base + total, block_size, num_kv_heads,
-                                                  head_size)
-    raws[0][:base] = torch.randn(raws[0][:base].shape, device=DEVICE).to(DTYPE)
-    plain_raw = raws[0].clone()
-    plain_key, plain_value = plain_raw[..., :head_size], plain_raw[..., head_size:]
-    reshape_and_cache_flash(key, value, plain_key, plain_value, slots, "auto", one, one)
-    want = flash_attn_varlen_func(k=plain_key, v=plain_value, block_table=block_table, **common)
+    read_as = torch.float8_e4m3fn if fp8 else DTYPE
+    query = torch.randn(n, group * num_kv_heads, head_size, device=DEVICE).to(read_as)
+    k_scale, v_scale = (torch.tensor(s if fp8 else 1.0, device=DEVICE) for s in (0.02, 0.03))
+    descales = {}
+    if fp8:
+        shape = (len(requests), num_kv_heads)
+        descales = dict(q_descale=torch.ones(shape, device=DEVICE),
+                        k_descale=k_scale.expand(shape), v_descale=v_scale.expand(shape))
 
-    table = torch.zeros_like(block_table)
-    write_slots, commit_slots = (torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
-                                 for _ in range(2))
-    offsets = cache_offsets(key_caches, value_caches)
-    plan_scratch(block_table, qsl, seq_lens, stage_index, slots, table, write_slots,
-                 commit_slots, key_caches, value_caches, offsets, base, per_request)
-    before = raws[0][:base].clone()
-    reshape_and_cache_flash(key, value, key_caches[0], value_caches[0], write_slots, "auto", one,
-                            one)
-    got = flash_attn_varlen_func(k=key_caches[0], v=value_caches[0], block_table=table, **common)
-    assert torch.equal(got, want)
-    flat_before = before.view(-1, num_kv_heads, 2 * head_size)
-    flat_after = raws[0][:base].reshape(-1, num_kv_heads, 2 * head_size)
-    drafts = slots[stage_index >= 0]
-    assert torch.equal(flat_after[drafts], flat_before[drafts]), "a draft reached its block"
-    commit_kv(key_caches, value_caches, write_slots, commit_slots, offsets)
-    assert torch.equal(raws[0][:base], plain_raw[:base])
-
-
-@pytest.mark.skipif(not ON_GPU, reason="needs vLLM's CUDA ops and FlashAttention")
-@pytest.mark.parametrize("requests", SCRATCH_STEPS)
-def test_an_fp8_cache_through_the_plan_holds_vllms_quantized_bytes(requests):
-    """What lifting the fp8 refusal would rest on (NWOR refuses an fp8 KV cache at start-up until
-    this and an engine test pass on the GPU). vLLM's own quantizing write through the plan's
-    write slots, then FA3 over the plan's table with vLLM's descales, is bit for bit vLLM's
-    plain fp8 write and call; after the commit the blocks below the scratch hold exactly the
-    plain write's quantized bytes."""
-    from vllm._custom_ops import reshape_and_cache_flash
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    fp8 = torch.float8_e4m3fn
-    torch.manual_seed(len(requests))
-    head_size, group, num_kv_heads, block_size, base = 128, 4, 2, 16, 128
-    per_request, total = scratch_blocks(len(requests), 8, block_size)
-    block_table, qsl, seq_lens, stage_index = scratch_step(requests, block_size, base)
-    n = int(qsl[-1])
-    key, value = rows(n, num_kv_heads, head_size)
-    slots = own_slots(requests, block_table, qsl, block_size)
-    k_scale, v_scale = (torch.tensor(s, dtype=torch.float32, device=DEVICE) for s in (0.02, 0.03))
-    descale = (len(requests), num_kv_heads)
-    query = torch.randn(n, group * num_kv_heads, head_size, device=DEVICE).to(fp8)
+    def write(key_cache, value_cache, slot_mapping):
+        reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                k_scale, v_scale)
 
     def attend(key_cache, value_cache, table):
-        out = torch.empty(n, group * num_kv_heads, head_size, dtype=torch.bfloat16, device=DEVICE)
+        out = torch.empty(n, group * num_kv_heads, head_size, dtype=DTYPE, device=DEVICE)
         flash_attn_varlen_func(
-            q=query, k=key_cache.view(fp8), v=value_cache.view(fp8), out=out, cu_seqlens_q=qsl,
-            max_seqlen_q=max(q for _, q, _ in requests), seqused_k=seq_lens,
+            q=query, k=key_cache.view(read_as), v=value_cache.view(read_as), out=out,
+            cu_seqlens_q=qsl, max_seqlen_q=max(q for _, q, _ in requests), seqused_k=seq_lens,
             max_seqlen_k=int(seq_lens.max()), softmax_scale=head_size**-0.5, causal=True,
-            block_table=table, fa_version=3, q_descale=torch.ones(descale, device=DEVICE),
-            k_descale=k_scale.expand(descale), v_descale=v_scale.expand(descale))
+            block_table=table, fa_version=3, **descales)
         return out
 
     raws, key_caches, value_caches = layer_caches(1, base + total, block_size, num_kv_heads,
-                                                  head_size, FP8_STORAGE)
-    # Finite fp8 everywhere (the sentinel byte is a NaN, which FA3's masked loads would carry).
-    raws[0].copy_(torch.randn(raws[0].shape, device=DEVICE).to(fp8).view(FP8_STORAGE))
+                                                  head_size, FP8_STORAGE if fp8 else DTYPE)
+    # Finite values in every block (fp8's sentinel byte is a NaN, which FA3's masked loads
+    # would carry into the output).
+    raws[0].copy_(torch.randn(raws[0].shape, device=DEVICE).to(read_as).view(raws[0].dtype))
     plain_raw = raws[0].clone()
     plain_key, plain_value = plain_raw[..., :head_size], plain_raw[..., head_size:]
-    reshape_and_cache_flash(key, value, plain_key, plain_value, slots, "fp8", k_scale, v_scale)
+    write(plain_key, plain_value, slots)
     want = attend(plain_key, plain_value, block_table)
 
     table = torch.zeros_like(block_table)
@@ -460,8 +422,7 @@ def test_an_fp8_cache_through_the_plan_holds_vllms_quantized_bytes(requests):
     plan_scratch(block_table, qsl, seq_lens, stage_index, slots, table, write_slots,
                  commit_slots, key_caches, value_caches, offsets, base, per_request)
     before = raws[0][:base].clone()
-    reshape_and_cache_flash(key, value, key_caches[0], value_caches[0], write_slots, "fp8",
-                            k_scale, v_scale)
+    write(key_caches[0], value_caches[0], write_slots)
     assert torch.equal(attend(key_caches[0], value_caches[0], table), want)
     flat_before = before.view(-1, num_kv_heads, 2 * head_size)
     flat_after = raws[0][:base].reshape(-1, num_kv_heads, 2 * head_size)
