@@ -699,13 +699,12 @@ class NworInterceptor:
     def _write_all_staged(self, step: VerifyStep) -> None:
         buffer = self.buffer
         if self.write_back is not None:
-            rows = step.row_stage_index.shape[0]
-            # (A step is begun in the same execute_model call as its forward, so after a
-            # replayed graph the plan written back is the step's own.)
-            if self._replayed_graph():
-                self.write_back(range(buffer.num_layers), rows, None)
-            else:
-                self.write_back(buffer.layers_with_data(), rows, None)
+            # A replayed graph staged every layer. (A step is begun in the same execute_model
+            # call as its forward, so after a replayed graph the plan written back is the
+            # step's own.)
+            layers = (range(buffer.num_layers) if self._replayed_graph()
+                      else buffer.layers_with_data())
+            self.write_back(layers, step.row_stage_index.shape[0], None)
             return
         for layer_idx in buffer.layers_with_data():
             key, value = buffer.chunk(layer_idx)
