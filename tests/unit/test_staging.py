@@ -558,6 +558,19 @@ def test_a_commit_error_after_a_replayed_graph_writes_every_layer_the_plain_way(
     assert interceptor.graph_steps == 1
 
 
+def test_a_replayed_graph_step_without_a_commit_is_written_back_in_every_layer():
+    """No layer ran Python and no verdict came: every layer's rows, kept in scratch, are written
+    back at the next step's begin as vLLM writes them, drafts too."""
+    cache = FakeCache()
+    interceptor = captured(graph_interceptor(cache))
+    step = VerifyStep.from_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu", interceptor.uploader)
+    assert interceptor.begin(step)
+    replay_graph(interceptor)
+    interceptor.begin(None)
+    assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)}, below=SCRATCH_BASE)
+    assert interceptor.counters().fallbacks == {"no_commit": 1}
+
+
 @pytest.mark.parametrize("why", ["no drafts", "overflow"])
 def test_a_step_that_is_not_staged_replays_the_graph_writing_every_row(why):
     cache = FakeCache()
