@@ -274,7 +274,8 @@ T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31
 key's, the wider interval)."""
 
 POOLED = ("throughput_ratio_paired", "aa_throughput_ratio_paired",
-          "throughput_ratio_over_both_off_paired", "step_ratio", "aa_step_ratio")
+          "throughput_ratio_over_both_off_paired", "step_ratio", "aa_step_ratio", "itl_ratio",
+          "aa_itl_ratio")
 
 
 def has_aa_control(cell: dict) -> bool:

@@ -23,23 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the thirty-first session): the thirtieth pooled 18 cells at batch 8-128 and
-# four at batch 1 on the scratch-write path, and ran every GPU test on one commit. The rest of
-# the issue's matrix next, beside A/A: 30 cells at batch 8-128, then batch 1 (at k = 2, L = 3.0
-# is L = k + 1, one cell). Two machines of about 25 minutes each: skip the first machine's
-# finished steps on the second with `echo skipped > <step>.done`.
+# This plan (for the thirty-second session): the thirty-first ran the fp8 kernel tests and the
+# rest of the issue's matrix at batch 8-128 (all 48 distinct cells are now on the scratch-write
+# path) and ngram's batch-1 cells. Left: draft_model at batch 1, six cells of about five
+# minutes each beside A/A, one machine.
 stream0() {
   local each=(--reps 2 --min-requests 32 --aa)
-  step fp8 tests tests/gpu/test_kernels.py -k fp8  # what lifting the fp8 refusal would rest on
-  step ngram_L3 nwor_overhead --method ngram --k 2 4 8 --L 3.0 --batches 8 32 128 "${each[@]}"
-  step ngram_k8_full nwor_overhead --method ngram --k 8 --L k+1 --batches 8 32 128 "${each[@]}"
-  step dm_k4_L3 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 8 32 128 "${each[@]}"
-  step dm_k2 nwor_overhead --method draft_model --k 2 --L 1.5 3.0 --batches 8 32 128 "${each[@]}"
-  step dm_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 k+1 --batches 8 32 128 \
-    "${each[@]}"
-  step ngram_b1_k2 nwor_overhead --method ngram --k 2 --L 1.5 3.0 --batches 1 "${each[@]}"
-  step ngram_b1_k4 nwor_overhead --method ngram --k 4 --L 1.5 3.0 k+1 --batches 1 "${each[@]}"
-  step ngram_b1_k8_L3 nwor_overhead --method ngram --k 8 --L 3.0 --batches 1 "${each[@]}"
   step dm_b1_k2 nwor_overhead --method draft_model --k 2 --L 1.5 3.0 --batches 1 "${each[@]}"
   step dm_b1_k4_L3 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 "${each[@]}"
   step dm_b1_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 k+1 --batches 1 \
