@@ -192,7 +192,7 @@ def test_overhead_pools_each_ratio_over_the_cells_with_an_aa_control():
 
     def cell(batch: int, on_off: float, aa: float | None) -> dict:
         c = {"method": "ngram", "batch": batch, "throughput_ratio_paired": on_off,
-             "step_ratio": 1 / on_off}
+             "step_ratio": 1 / on_off, "itl_ratio": 1 / on_off}
         return c if aa is None else {**c, "aa_throughput_ratio_paired": aa, "aa_step_ratio": aa}
 
     cells = [cell(8, 0.98, 1.02), cell(32, 0.99, 0.98), cell(128, 1.0, 1.0), cell(8, 0.5, None),
@@ -212,6 +212,7 @@ def test_overhead_pools_each_ratio_over_the_cells_with_an_aa_control():
                            round(math.exp(statistics.mean(logs) + half), 4))
     assert group["aa_throughput_ratio_paired"]["geomean"] == round(
         (1.02 * 0.98) ** (1 / 3), 4)
+    assert group["itl_ratio"]["geomean"] == round((0.98 * 0.99 * 1.0) ** (-1 / 3), 4)
 
 
 def test_run_diagnostics_on_a_machine_without_a_gpu():
