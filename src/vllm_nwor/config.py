@@ -135,6 +135,18 @@ _KEYS = {
 PLUGIN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(NworConfig))
 assert set(PLUGIN_KEYS) == set(_KEYS)
 _PLUGIN_PREFIXES = ("nwor", "scv", "draft_context")
+# KV cache dtypes NWOR serves (its commit copies the bytes vLLM wrote). The front end and each
+# attention backend refuse the others at start-up.
+NWOR_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+
+
+def unsupported_kv_cache_dtype(dtype: str) -> str | None:
+    """What NWOR's start-up checks say of ``kv_cache_dtype=dtype``; None where it is served."""
+    if dtype in NWOR_KV_CACHE_DTYPES:
+        return None
+    allowed = ", ".join(repr(d) for d in NWOR_KV_CACHE_DTYPES)
+    return (f"kv_cache_dtype={dtype!r} (allowed: {allowed}; NWOR with an fp8 KV cache is not "
+            "yet tested, docs/gpu.md)")
 
 
 def _unknown_key_message(key: str, value: Any, where: str) -> str:

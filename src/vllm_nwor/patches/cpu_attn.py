@@ -48,8 +48,6 @@ class CpuAttnBackend:
         refuse_unsupported(
             self.name, layer,
             f"sliding_window={impl.sliding_window}" if impl.sliding_window != -1 else None,
-            f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto')"
-            if impl.is_fp8_kv_cache else None,
         )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:

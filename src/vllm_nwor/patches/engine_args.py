@@ -18,6 +18,7 @@ from vllm_nwor.config import (
     config_from_additional,
     merge_plugin_settings,
     split_plugin_keys,
+    unsupported_kv_cache_dtype,
 )
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.draft_window import lift_draft_limits
@@ -109,12 +110,9 @@ def check_engine_config(vllm_config: Any) -> None:
             "'nwor': true cannot be combined with --kv-transfer-config: connectors save each "
             "layer's KV right after attention, before NWOR commits the accepted drafts"
         )
-    cache_dtype = vllm_config.cache_config.cache_dtype
-    if cache_dtype not in ("auto", "bfloat16", "float16"):
-        raise NworConfigError(
-            f"'nwor': true does not support kv_cache_dtype={cache_dtype!r} (allowed: 'auto', "
-            "'bfloat16', 'float16'): NWOR with an fp8 KV cache is not yet tested (docs/gpu.md)"
-        )
+    refused = unsupported_kv_cache_dtype(vllm_config.cache_config.cache_dtype)
+    if refused is not None:
+        raise NworConfigError(f"'nwor': true does not support {refused}")
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise NworConfigError(
             "'nwor': true supports pipeline_parallel_size=1 only, got "

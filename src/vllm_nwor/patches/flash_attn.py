@@ -92,9 +92,6 @@ class FlashAttnBackend:
             self.name, layer,
             f"sliding_window={impl.sliding_window}"
             if impl.sliding_window not in (None, (-1, -1)) else None,
-            f"kv_cache_dtype={impl.kv_cache_dtype!r} (allowed: 'auto', 'bfloat16', 'float16'; "
-            "NWOR with an fp8 KV cache is not yet tested)"
-            if impl.kv_cache_dtype not in ("auto", "bfloat16", "float16") else None,
             f"decode context parallel size {impl.dcp_world_size}"
             if getattr(impl, "dcp_world_size", 1) > 1 else None,
         )

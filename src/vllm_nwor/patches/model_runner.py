@@ -24,7 +24,11 @@ from vllm.v1.attention.backend import AttentionType
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import NworConfigError, config_from_additional
+from vllm_nwor.config import (
+    NworConfigError,
+    config_from_additional,
+    unsupported_kv_cache_dtype,
+)
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.staging import (
     CommitFn,
@@ -95,6 +99,7 @@ def refuse_unsupported(backend: str, layer: Attention, *more: str | None) -> Non
         "ALiBi" if impl.alibi_slopes is not None else None,
         f"logits_soft_cap={impl.logits_soft_cap}" if impl.logits_soft_cap else None,
         "attention sinks" if impl.sinks is not None else None,
+        unsupported_kv_cache_dtype(impl.kv_cache_dtype),
         *more,
     ) if u]
     if unsupported:
