@@ -159,6 +159,7 @@ def engine_main(conn, kwargs: dict) -> None:
     budget_changes, steps = trace_scv(llm)
     gc_pauses = record_gc_pauses()
     step_seconds = time_engine_steps(llm)
+    nwor_host = time_nwor_host(llm) if os.environ.get(TIME_NWOR_HOST) == "1" else None
 
     def snapshot() -> dict:
         if not spec:
@@ -224,6 +225,7 @@ def engine_main(conn, kwargs: dict) -> None:
         before, scv_before = snapshot(), scv_state()
         gc_pauses.clear()
         step_seconds.clear()
+        nwor_host_before = dict(nwor_host) if nwor_host is not None else None
         clocks = ClockSampler()
         host_before = host_usage()
         start = time.perf_counter()
@@ -273,6 +275,10 @@ def engine_main(conn, kwargs: dict) -> None:
             "step_ms": step_summary(step_seconds),
             "gpu_clocks": gpu_clocks,
             "host": host,
+            # NWOR's host work per step outside the layers (time_nwor_host), in microseconds
+            "nwor_host_us_per_step": None if nwor_host is None or not step_seconds else round(
+                1e6 * (nwor_host["seconds"] - nwor_host_before["seconds"]) / len(step_seconds),
+                2),
         })
 
 
@@ -353,6 +359,47 @@ def time_engine_steps(llm) -> list[float]:
 
     engine.step = timed_step  # an instance attribute: LLM and the benchmark's loop call it
     return durations
+
+
+TIME_NWOR_HOST = "NWOR_BENCH_TIME_HOST"
+"""In an engine's environment (``ENV_KEY``), ``"1"``: time NWOR's host work per step
+(:func:`time_nwor_host`)."""
+
+
+def time_nwor_host(llm) -> dict | None:
+    """Times the host work NWOR adds once per step, outside the layers (benchmark
+    diagnostics): the verify step's indices (``VerifyStep.from_batch``), its begin, its commit
+    (the verdict and the commit launch) and ``unstage_rows``. In a step that replays a FULL
+    graph that is all of it (the layers run inside the graph). Returns the running totals,
+    ``seconds`` and ``calls``, or None where NWOR is off or the engine core runs in its own
+    process. Each timed call costs about 0.2 us more."""
+    totals = {"seconds": 0.0, "calls": 0}
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals["seconds"] += time.perf_counter() - start
+                totals["calls"] += 1
+        return wrapper
+
+    def install(worker) -> bool:
+        from vllm_nwor.patches.model_runner import INTERCEPTOR_ATTR
+        from vllm_nwor.staging import VerifyStep
+
+        interceptor = getattr(worker.model_runner, INTERCEPTOR_ATTR, None)
+        if interceptor is None:
+            return False
+        for name in ("begin", "commit", "unstage_rows"):
+            setattr(interceptor, name, timed(getattr(interceptor, name)))
+        VerifyStep.from_batch = classmethod(timed(VerifyStep.from_batch.__func__))
+        return True
+
+    if scheduler_of(llm) is None:  # the engine core is in its own process
+        return None
+    return totals if any(llm.collective_rpc(install)) else None
 
 
 def step_summary(durations: list[float]) -> dict | None:

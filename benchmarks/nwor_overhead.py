@@ -50,8 +50,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import (  # noqa: E402
+    ENV_KEY,
     OUTPUT_LEN,
     PROMPT_LEN,
+    TIME_NWOR_HOST,
     agreement,
     alternate,
     prompts,
@@ -107,12 +109,14 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
 
 def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
              profile_batches=(), profile_length=3.0, min_requests=1,
-             engine_core_process=False, aa=False) -> dict:
+             engine_core_process=False, aa=False, time_nwor_host=False) -> dict:
     memory = 0.3 if aa else 0.42  # three engines share the GPU with --aa
     configs = {
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode,
                              memory),
         "on": engine_kwargs(target, draft, method, k, True, max(batches), memory=memory)}
+    if time_nwor_host:
+        configs["on"][ENV_KEY] = {TIME_NWOR_HOST: "1"}
     if aa:  # a second plugin-off engine, alike in every way: the A/A spread of a cell
         configs["off_b"] = engine_kwargs(target, draft, method, k, False, max(batches),
                                          baseline_mode, memory)
@@ -233,8 +237,21 @@ def summarise(method, k, L, batch, results) -> dict:
         "nwor_fallbacks": on[-1]["fallbacks"],
         "reps": len(on),
         "requests_per_run": len(on[0]["tokens"]),
+        **nwor_host(on),
         **a_over_a(results),
     }
+
+
+def nwor_host(on: list[dict]) -> dict:
+    """With ``--time-nwor-host``: NWOR's host work per step outside the layers (µs), and its
+    share of the on engine's median step, each the median over the repetitions."""
+    runs = [r for r in on if r.get("nwor_host_us_per_step") is not None and r.get("step_ms")]
+    if not runs:
+        return {}
+    return {"nwor_host_us_per_step": round(statistics.median(
+                r["nwor_host_us_per_step"] for r in runs), 2),
+            "nwor_host_share_of_step": round(statistics.median(
+                r["nwor_host_us_per_step"] / (1e3 * r["step_ms"]["median"]) for r in runs), 5)}
 
 
 def _round(ratio: float | None) -> float | None:
@@ -378,6 +395,9 @@ def main() -> None:
                         help="also start a second plugin-off engine and report it over the "
                         "first (aa_* in each cell): the spread of a ratio between two engines "
                         "that differ in nothing")
+    parser.add_argument("--time-nwor-host", action="store_true",
+                        help="time NWOR's host work per step outside the layers in the on "
+                        "engine (nwor_host_* in each cell; engine core in-process only)")
     parser.add_argument("--pool", type=Path, nargs="+",
                         help="with --result: pool the A/A cells of these merged results "
                         "(several runs' cells, see pooled()) instead of running")
@@ -389,8 +409,8 @@ def main() -> None:
             parser.error("--pool needs --result (the JSON file to write)")
         write_pooled(args.pool, args.result)
         return
-    if args.engine_core_process and args.profile_batches:
-        parser.error("--profile-batches needs the engine core in-process")
+    if args.engine_core_process and (args.profile_batches or args.time_nwor_host):
+        parser.error("--profile-batches and --time-nwor-host need the engine core in-process")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         for k in args.k:
@@ -399,7 +419,7 @@ def main() -> None:
                                               args.baseline_cudagraph_mode,
                                               args.profile_batches, args.profile_L,
                                               args.min_requests, args.engine_core_process,
-                                              args.aa))
+                                              args.aa, args.time_nwor_host))
 
 
 if __name__ == "__main__":

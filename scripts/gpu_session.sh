@@ -23,20 +23,20 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the thirty-second session): the thirty-first ran the fp8 kernel tests and the
-# rest of the issue's matrix at batch 8-128 (all 48 distinct cells are now on the scratch-write
-# path) and ngram's batch-1 cells. First a profiled draft_model cell at batch 8, where the pool
-# puts NWOR's cost at about 2% and the step is host-bound (in the 2026-11-23 profile the GPU was
-# busy two thirds of the time): which host work NWOR adds per step. Then draft_model at batch 1,
-# six cells of about five minutes each beside A/A, one machine.
+# This plan (the thirty-second session's second machine): its first ran the profiled draft_model
+# cell at batch 8 (no cost there: on/off 1.006, the GPU's busy time equal) and five of the six
+# draft_model cells at batch 1. First the sixth (k = 8, L = k + 1). Then draft_model at batch 8
+# and 32, where the pool puts NWOR's cost at about 1%, with six repetitions instead of two (a
+# cell's spread is mostly one slow repetition) and NWOR's own host work per step timed in the
+# on engine (--time-nwor-host): whether that work is the cost.
 stream0() {
-  local each=(--reps 2 --min-requests 32 --aa)
-  step dm_b8_prof nwor_overhead --method draft_model --k 4 --L 1.5 --batches 8 "${each[@]}" \
-    --profile-batches 8 --profile-L 1.5
-  step dm_b1_k2 nwor_overhead --method draft_model --k 2 --L 1.5 3.0 --batches 1 "${each[@]}"
-  step dm_b1_k4_L3 nwor_overhead --method draft_model --k 4 --L 3.0 --batches 1 "${each[@]}"
-  step dm_b1_k8 nwor_overhead --method draft_model --k 8 --L 1.5 3.0 k+1 --batches 1 \
+  local each=(--min-requests 32 --aa)
+  step dm_b1_k8b nwor_overhead --method draft_model --k 8 --L k+1 --batches 1 --reps 2 \
     "${each[@]}"
+  step dm_host_k4 nwor_overhead --method draft_model --k 4 --L 1.5 3.0 --batches 8 32 \
+    --reps 6 --time-nwor-host "${each[@]}"
+  step dm_host_k2 nwor_overhead --method draft_model --k 2 --L 1.5 3.0 --batches 8 32 \
+    --reps 6 --time-nwor-host "${each[@]}"
 }
 
 gpus=$(nvidia-smi -L | wc -l)

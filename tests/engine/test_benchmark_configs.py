@@ -357,3 +357,26 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
         assert 0 < observed <= len(scv["steps"]) <= planned <= gpu_engines.OUTPUT_LEN + 2
         assert all(len(step) == 8 for step in scv["steps"])
         assert len(run["tokens"]) == 2
+
+
+def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
+    """``--time-nwor-host``'s timer, on the real CPU engine: with NWOR on it times each verify
+    step's indices, begin and commit (at least three calls a verify step); with NWOR off
+    there is nothing to time."""
+    from engine_utils import PROMPTS, engine, spec_config
+    from vllm import SamplingParams
+
+    import vllm_nwor
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, draft = tiny_models
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with engine(target, spec_config("draft_model", draft, nwor=True)) as llm:
+        totals = gpu_engines.time_nwor_host(llm)
+        assert totals == {"seconds": 0.0, "calls": 0}
+        llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params, use_tqdm=False)
+        staged = vllm_nwor.get_counters(llm).verify_steps_staged
+        assert staged > 0
+        assert totals["calls"] >= 3 * staged and totals["seconds"] > 0
+    with engine(target, spec_config("draft_model", draft)) as llm:
+        assert gpu_engines.time_nwor_host(llm) is None
