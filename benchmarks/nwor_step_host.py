@@ -1,0 +1,110 @@
+"""NWOR's host work per verify step, by part, in one engine on the GPU (a diagnostic).
+
+NWOR's cost at batch 8-32 with draft_model (about 1% in the pooled matrix) is host time: those
+steps replay FULL CUDA graphs and wait on the host, and NWOR adds its per-step work there, the
+verify step's indices (``VerifyStep.from_batch``), its ``begin`` and its ``commit``.
+``nwor_overhead.py --time-nwor-host`` times their sum beside the on/off comparison; this times
+each part, and within the commit the verdict, the scratch commit and the kernel launch, in one
+NWOR-on engine (draft_model, k = 4, batch 8, L = 1.5, 8B-shaped dummy model), after two
+unrecorded passes. Each timed call costs about 0.2 µs more, nested calls counted in each.
+
+The plugin is whatever ``vllm_nwor`` imports (``PYTHONPATH`` chooses a checkout): two versions
+are compared by running this once per version, alternating, each run with its ``--label``.
+
+    python benchmarks/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import append_jsonl  # noqa: E402
+from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
+from nwor_overhead import engine_kwargs  # noqa: E402
+
+PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks is skipped
+    "from_batch": ("vllm_nwor.staging", "VerifyStep", "from_batch"),
+    "begin": ("vllm_nwor.staging", "NworInterceptor", "begin"),
+    "commit": ("vllm_nwor.staging", "NworInterceptor", "commit"),
+    "verdict": ("vllm_nwor.staging", "VerifyStep", "verdict"),
+    "scratch_commit": ("vllm_nwor.staging", "ScratchStaging", "commit"),
+    "launch": ("vllm_nwor.kernels._common", "Launcher", "__call__"),
+}
+
+
+def time_parts(times: dict[str, list[float]]) -> None:
+    import importlib
+
+    for name, (module, owner, attribute) in PARTS.items():
+        cls = getattr(importlib.import_module(module), owner)
+        raw = cls.__dict__.get(attribute)
+        if raw is None:
+            continue
+        fn = raw.__func__ if isinstance(raw, classmethod) else raw
+
+        def timed(*args, _fn=fn, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                times.setdefault(_name, []).append(time.perf_counter() - start)
+
+        setattr(cls, attribute, classmethod(timed) if isinstance(raw, classmethod) else timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--label", required=True)
+    parser.add_argument("--jsonl", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    times: dict[str, list[float]] = {}
+    time_parts(times)
+    from vllm import LLM, SamplingParams
+
+    import vllm_nwor
+
+    with tempfile.TemporaryDirectory() as root:
+        target, draft = write_models(Path(root))
+        llm = LLM(**engine_kwargs(target, draft, "draft_model", 4, True, 8, memory=0.5))
+        params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True, extra_args={
+            "synthetic_acceptance_rate": rate_for_length(1.5, 4)})
+        batch = [{"prompt_token_ids": p} for p in prompts(8, seed=1)]
+        for _ in range(2):
+            llm.generate(batch, [params] * len(batch), use_tqdm=False)
+        times.clear()
+        engine, steps = llm.llm_engine, []
+        step = engine.step
+
+        def timed_step(*a, **k):
+            start = time.perf_counter()
+            try:
+                return step(*a, **k)
+            finally:
+                steps.append(time.perf_counter() - start)
+
+        engine.step = timed_step
+        for _ in range(args.runs):
+            llm.generate(batch, [params] * len(batch), use_tqdm=False)
+        record = {"label": args.label, "plugin": os.path.dirname(vllm_nwor.__file__),
+                  "steps": len(steps), "step_ms_median": round(1e3 * statistics.median(steps), 3),
+                  "parts": {name: {"calls": len(v),
+                                   "median_us": round(1e6 * statistics.median(v), 2),
+                                   "mean_us": round(1e6 * statistics.mean(v), 2)}
+                            for name, v in times.items()}}
+    print(json.dumps(record), flush=True)
+    append_jsonl(args.jsonl, record)
+
+
+if __name__ == "__main__":
+    main()
