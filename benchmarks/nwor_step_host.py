@@ -12,6 +12,7 @@ The plugin is whatever ``vllm_nwor`` imports (``PYTHONPATH`` chooses a checkout)
 are compared by running this once per version, alternating, each run with its ``--label``.
 
     python benchmarks/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
+    python benchmarks/nwor_step_host.py --merge step_host.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl  # noqa: E402
+from common import append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
 from nwor_overhead import engine_kwargs  # noqa: E402
 
@@ -63,10 +64,13 @@ def time_parts(times: dict[str, list[float]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--jsonl", type=Path, required=True)
+    parser.add_argument("--label", help="the plugin version this run times")
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_or_merge(parser, merge)
+    if args is None:
+        return
+    if args.label is None or args.jsonl is None:
+        parser.error("a run needs --label and --jsonl")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     times: dict[str, list[float]] = {}
     time_parts(times)
@@ -104,6 +108,31 @@ def main() -> None:
                             for name, v in times.items()}}
     print(json.dumps(record), flush=True)
     append_jsonl(args.jsonl, record)
+
+
+def merge(jsonl: Path, result: Path) -> None:
+    """The runs, and each part's median over a label's runs with its after/before ratio."""
+    from common import recorded_environment
+
+    runs = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    by_label: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        parts = by_label.setdefault(run["label"], {})
+        parts.setdefault("step_ms_median", []).append(run["step_ms_median"])
+        for name, part in run["parts"].items():
+            parts.setdefault(name, []).append(part["median_us"])
+    medians = {label: {name: round(statistics.median(v), 2) for name, v in parts.items()}
+               for label, parts in by_label.items()}
+    payload = {**recorded_environment(jsonl), "benchmark": "nwor_step_host",
+               "workload": "draft_model, k = 4, batch 8, L = 1.5, 8B-shaped dummy target, "
+                           "2-layer draft; one NWOR-on engine per run",
+               "medians_us": medians, "runs": runs}
+    if {"before", "after"} <= set(medians):
+        payload["after_over_before"] = {
+            name: round(medians["after"][name] / medians["before"][name], 4)
+            for name in medians["after"] if medians["before"].get(name)}
+    result.write_text(json.dumps(payload, indent=1) + "\n")
+    print(result)
 
 
 if __name__ == "__main__":

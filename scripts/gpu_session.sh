@@ -23,26 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (the thirty-second session's third machine): the second timed NWOR's host work in
-# draft_model steps at batch 8 and 32 at 143-153 µs a step, 1.2-1.4% of the step: the pooled
-# cost. The commit's launch now passes addresses (no driver check per tensor), its layout is
-# prepared once, and the NVTX range is gone. First the kernel tests (the launch path changed),
-# then each part's host time before (39086fd's src, unpacked in before_src/ and carried) and
-# after, alternating; then the engine tests of tokens and cache on the GPU; then draft_model at
-# batch 8 and 32 beside plugin-off engines, with the host timer.
+# This plan (for the thirty-third session): the thirty-second timed NWOR's host work in
+# draft_model steps at batch 8 and 32 at 123-153 µs a step, 1.2-1.5% of the step
+# (nwor_overhead_dm_host_b8_b32_2026-11-24_h200.json, on/off 0.983 over both offs there), and
+# cut the commit's part from 95 to 55 µs (nwor_step_host_2026-11-24_h200.json); the device time
+# ran out before the same cells ran on the trimmed code. They run here, as the thirty-second's
+# did: six repetitions beside a second plugin-off engine, with the host timer.
 stream0() {
-  step kernels tests tests/gpu/test_kernels.py tests/gpu/test_fallbacks_gpu.py
-  if [ ! -e "$OUT/step_host.done" ]; then
-    for label in before after before after; do
-      if [ "$label" = before ]; then src="$PWD/before_src"; else src=""; fi
-      NWOR_SRC="$src" STEP=step_host bash scripts/gpu_suite.sh nwor_step_host --label "$label" \
-        > /dev/null 2>&1
-    done
-    echo 0 > "$OUT/step_host.done"
-  fi
-  step engine tests tests/gpu/test_engine_gpu.py -k "default_settings or no_rejected_draft"
-  step dm_after nwor_overhead --method draft_model --k 4 --L 1.5 --batches 8 32 --reps 4 \
-    --min-requests 32 --aa --time-nwor-host
+  local each=(--L 1.5 3.0 --batches 8 32 --reps 6 --min-requests 32 --aa --time-nwor-host)
+  step dm_host_k4 nwor_overhead --method draft_model --k 4 "${each[@]}"
+  step dm_host_k2 nwor_overhead --method draft_model --k 2 "${each[@]}"
 }
 
 gpus=$(nvidia-smi -L | wc -l)
