@@ -29,7 +29,12 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import append_jsonl, parse_or_merge  # noqa: E402
-from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
+from gpu_engines import (  # noqa: E402
+    prompts,
+    rate_for_length,
+    time_engine_steps,
+    write_models,
+)
 from nwor_overhead import engine_kwargs  # noqa: E402
 
 PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks is skipped
@@ -87,17 +92,7 @@ def main() -> None:
         for _ in range(2):
             llm.generate(batch, [params] * len(batch), use_tqdm=False)
         times.clear()
-        engine, steps = llm.llm_engine, []
-        step = engine.step
-
-        def timed_step(*a, **k):
-            start = time.perf_counter()
-            try:
-                return step(*a, **k)
-            finally:
-                steps.append(time.perf_counter() - start)
-
-        engine.step = timed_step
+        steps = time_engine_steps(llm)
         for _ in range(args.runs):
             llm.generate(batch, [params] * len(batch), use_tqdm=False)
         record = {"label": args.label, "plugin": os.path.dirname(vllm_nwor.__file__),
