@@ -355,15 +355,24 @@ def merge(jsonl: Path, result: Path) -> None:
     print(result)
 
 
+def cell_key(cell: dict) -> tuple:
+    return cell["method"], cell["batch"], cell["k"], cell["L"]
+
+
 def write_pooled(results: list[Path], out: Path) -> None:
-    """``pooled`` over the cells of several merged results, each cell keeping its file."""
+    """``pooled`` over the cells of several merged results, each cell keeping its file. A cell
+    (method, batch, k, L) that a later file measured again, on later code, is that file's
+    alone: the earlier file's runs of it are left out and counted in its ``cells_replaced``."""
+    payloads = [json.loads(path.read_text()) for path in results]
     cells, sources = [], []
-    for path in results:
-        payload = json.loads(path.read_text())
+    for i, (path, payload) in enumerate(zip(results, payloads, strict=True)):
+        later = {cell_key(c) for p in payloads[i + 1:] for c in p["cells"]}
+        kept = [c for c in payload["cells"] if cell_key(c) not in later]
         sources.append({"file": path.name, "commit": payload.get("commit"),
                         "date": payload.get("date"), "device": payload.get("device"),
-                        "cells_with_aa": sum(map(has_aa_control, payload["cells"]))})
-        cells += payload["cells"]
+                        "cells_with_aa": sum(map(has_aa_control, kept)),
+                        "cells_replaced": len(payload["cells"]) - len(kept)})
+        cells += kept
     out.write_text(json.dumps({"benchmark": "nwor_overhead_pooled", "sources": sources,
                                "pooled": pooled(cells)}, indent=1) + "\n")
     print(out)
@@ -400,7 +409,8 @@ def main() -> None:
                         "engine (nwor_host_* in each cell; engine core in-process only)")
     parser.add_argument("--pool", type=Path, nargs="+",
                         help="with --result: pool the A/A cells of these merged results "
-                        "(several runs' cells, see pooled()) instead of running")
+                        "(several runs' cells, see pooled(); a cell a later file has is taken "
+                        "from it alone) instead of running")
     args = parse_or_merge(parser, merge)
     if args is None:
         return

@@ -215,6 +215,26 @@ def test_overhead_pools_each_ratio_over_the_cells_with_an_aa_control():
     assert group["itl_ratio"]["geomean"] == round((0.98 * 0.99 * 1.0) ** (-1 / 3), 4)
 
 
+def test_pool_takes_a_cell_measured_again_from_the_later_file(tmp_path):
+    overhead = importlib.import_module("nwor_overhead")
+
+    def cell(batch: int, on_off: float) -> dict:
+        return {"method": "draft_model", "batch": batch, "k": 4, "L": 1.5,
+                "throughput_ratio_paired": on_off, "aa_throughput_ratio_paired": 1.0}
+
+    old, new, out = tmp_path / "old.json", tmp_path / "new.json", tmp_path / "pool.json"
+    old.write_text(json.dumps({"cells": [cell(8, 0.5), cell(32, 0.98), cell(128, 0.99)]}))
+    new.write_text(json.dumps({"cells": [cell(8, 1.0), cell(8, 0.99)]}))  # batch 8, twice
+    overhead.write_pooled([old, new], out)
+    pool = json.loads(out.read_text())
+    assert [(s["cells_with_aa"], s["cells_replaced"]) for s in pool["sources"]] == [(2, 1),
+                                                                                     (2, 0)]
+    group = pool["pooled"]["batch_8_and_up"]
+    assert group["cells"] == 4
+    assert group["throughput_ratio_paired"]["geomean"] == round(
+        (0.98 * 0.99 * 1.0 * 0.99) ** (1 / 4), 4)
+
+
 def test_run_diagnostics_on_a_machine_without_a_gpu():
     gpu_engines = importlib.import_module("gpu_engines")
     assert gpu_engines.ClockSampler().stop() is None  # no NVML here: nothing reported
