@@ -23,12 +23,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# This plan (for the thirty-third session): the thirty-second timed NWOR's host work in
-# draft_model steps at batch 8 and 32 at 123-153 µs a step, 1.2-1.5% of the step
-# (nwor_overhead_dm_host_b8_b32_2026-11-24_h200.json, on/off 0.983 over both offs there), and
-# cut the commit's part from 95 to 55 µs (nwor_step_host_2026-11-24_h200.json); the device time
-# ran out before the same cells ran on the trimmed code. They run here, as the thirty-second's
-# did: six repetitions beside a second plugin-off engine, with the host timer.
+# The last plan run (thirty-third session): the thirty-second timed NWOR's host work in
+# draft_model steps at batch 8 and 32 at 123-153 µs a step and cut the commit's part; these
+# cells ran on the trimmed code, six repetitions beside a second plugin-off engine, with the
+# host timer (nwor_overhead_dm_host_trimmed_2026-11-24_h200.json: 55-114 µs a step, on/off
+# 0.9905). The session ran each step twice, the second time as dm_host_k4r / dm_host_k2r.
 stream0() {
   local each=(--L 1.5 3.0 --batches 8 32 --reps 6 --min-requests 32 --aa --time-nwor-host)
   step dm_host_k4 nwor_overhead --method draft_model --k 4 "${each[@]}"
