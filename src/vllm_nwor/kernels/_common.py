@@ -94,11 +94,8 @@ class Launcher:
         device = args[0].device.index
         compiled = self._compiled.get((device, key))
         if compiled is not None and not knobs.runtime.launch_enter_hook.calls:
-            addressed, bits = list(args), 0
-            for i in self._tensors:
-                addressed[i] = address = args[i].data_ptr()
-                bits |= address
-            if bits & 15 == 0:
+            addressed = self._addressed(args)
+            if addressed is not None:
                 launch, function, metadata = compiled
                 launch(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
                        function, metadata, None, None, None, *addressed)
@@ -108,12 +105,14 @@ class Launcher:
             return
         if not self._tensors:
             self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        if self._aligned(args):
+        if self._addressed(args) is not None:
             self._compiled[device, key] = (kernel.run, kernel.function, kernel.packed_metadata)
 
-    def _aligned(self, args: tuple) -> bool:
-        """Whether every tensor among ``args`` starts on a 16-byte boundary."""
-        bits = 0
+    def _addressed(self, args: tuple) -> list | None:
+        """``args`` with each tensor replaced by its address, or None unless every tensor
+        starts on a 16-byte boundary (the compiled kernel's specialization)."""
+        addressed, bits = list(args), 0
         for i in self._tensors:
-            bits |= args[i].data_ptr()
-        return bits & 15 == 0
+            addressed[i] = address = args[i].data_ptr()
+            bits |= address
+        return addressed if bits & 15 == 0 else None
