@@ -53,9 +53,20 @@ def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
 _CALLS = itertools.count()  # request ids stay unique across calls in one engine process
 
 
-def generate_at_concurrency(llm, batch_prompts, params, concurrency: int) -> list:
+def generate_at_concurrency(llm, batch_prompts, params, concurrency: int,
+                            steady: dict | None = None) -> list:
     """Serves the prompts keeping ``concurrency`` requests in flight: a new one is added as
-    soon as one finishes (what a server sees under steady load), outputs in prompt order."""
+    soon as one finishes (what a server sees under steady load), outputs in prompt order.
+
+    ``steady``, if given, gets the run's steady window: ``seconds`` and ``tokens`` (output
+    tokens made in it) from the step where a request first finishes to the step that admits
+    the last one; None for both where that window is empty (every request admitted before
+    one finished). Throughout the window ``concurrency`` requests are in flight; before it
+    the first requests start together, after it the batch drains. Whole-run throughput counts
+    that ramp and drain, which weigh more the fewer requests a slot serves: with equal lengths
+    plain decoding serves them in waves that start and finish together, while a policy whose
+    requests advance at different speeds staggers them and ends on a tail of a shrinking
+    batch."""
     from vllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
@@ -63,6 +74,7 @@ def generate_at_concurrency(llm, batch_prompts, params, concurrency: int) -> lis
     pending = list(range(len(batch_prompts)))[::-1]
     index: dict[str, int] = {}
     outputs: dict[int, object] = {}
+    marks: list[tuple[float, int]] = []  # (time, output tokens made so far)
 
     def add() -> None:
         i = pending.pop()
@@ -73,14 +85,29 @@ def generate_at_concurrency(llm, batch_prompts, params, concurrency: int) -> lis
         index[engine.add_request(request_id, {"prompt_token_ids": batch_prompts[i]},
                                  sampling)] = i
 
+    def made() -> int:
+        """Output tokens so far: the finished requests' and the ones in flight."""
+        in_flight = engine.output_processor.request_states.values()
+        return (sum(len(o.outputs[0].token_ids) for o in outputs.values())
+                + sum(state.detokenizer.num_output_tokens() for state in in_flight))
+
     for _ in range(min(concurrency, len(pending))):
         add()
     while engine.has_unfinished_requests():
+        queued, finished = bool(pending), False
         for output in engine.step():
             if output.finished:
+                finished = True
                 outputs[index[output.request_id]] = output
                 if pending:
                     add()
+        # The window opens at the first finish and closes where the last request is admitted.
+        if finished and (not marks or (queued and not pending)):
+            marks.append((time.perf_counter(), made()))
+    if steady is not None:
+        window = len(marks) == 2 and marks[1][0] > marks[0][0]
+        steady["seconds"] = marks[1][0] - marks[0][0] if window else None
+        steady["tokens"] = marks[1][1] - marks[0][1] if window else None
     return [outputs[i] for i in range(len(batch_prompts))]
 
 
@@ -229,11 +256,12 @@ def engine_main(conn, kwargs: dict) -> None:
         clocks = ClockSampler()
         host_before = host_usage()
         start = time.perf_counter()
+        steady: dict = {"seconds": None, "tokens": None}
         if concurrency is None:
             outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
                                    use_tqdm=False)
         else:
-            outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency)
+            outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency, steady)
         seconds = time.perf_counter() - start
         gpu_clocks = clocks.stop()
         host = {key: round(value - host_before[key], 4) for key, value in host_usage().items()}
@@ -263,6 +291,7 @@ def engine_main(conn, kwargs: dict) -> None:
         conn.send({
             "seconds": seconds,
             "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            "steady": steady,  # the window at full concurrency (generate_at_concurrency)
             "itl_median": statistics.median(itls) if itls else None,
             "drafted": after["drafted"] - before["drafted"],
             "accepted": after["accepted"] - before["accepted"],
@@ -725,3 +754,10 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int]]
 
 def tokens_per_second(run: dict) -> float:
     return sum(len(t) for t in run["tokens"]) / run["seconds"]
+
+
+def steady_tokens_per_second(run: dict) -> float | None:
+    """Output throughput in the run's steady window (:func:`generate_at_concurrency`), or None
+    where it has none."""
+    steady = run.get("steady") or {}
+    return steady["tokens"] / steady["seconds"] if steady.get("seconds") else None

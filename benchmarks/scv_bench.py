@@ -28,12 +28,20 @@ Every engine runs with async scheduling: vLLM 0.26 supports it with draft_model 
 off by default, and without it every speculative policy pays the scheduler's CPU time on top of
 each step while plain decoding does not.
 
-``batch`` is the number of requests in flight. By default the run serves ``2 * batch`` requests
+``batch`` is the number of requests in flight. By default the run serves ``4 * batch`` requests
 (``--load-multiple``) keeping ``batch`` in flight (a new request starts when one finishes:
 steady load, as a server sees it); ``--closed-batch`` sends ``batch`` requests at once and waits
-for the last (a request that speculates well finishes early and its slot then idles). With
-few requests per slot the run's end weighs more: plain decoding serves ``2 * batch`` requests
-in two full waves, while a policy that finishes some requests early staggers the starts.
+for the last (a request that speculates well finishes early and its slot then idles).
+
+Throughput is measured in each run's steady window: from the first request's finish to the
+last request's admission, while ``batch`` requests are in flight
+(``gpu_engines.generate_at_concurrency``). The whole run's is reported beside it
+(``tok_s_whole_run``): it adds the start, where every request begins together, and the drain,
+where the batch shrinks. With equal lengths plain decoding serves its requests in waves that
+start and finish together and has no drain, while a policy whose requests advance at
+different speeds staggers them and ends on a tail of a few requests, which weighs more the
+fewer requests a slot serves (with two per slot, 41% of SCV's time on the mix at batch 32 in
+the simulator; docs/scv_results.md).
 
 Workloads give each request its own per-draft acceptance rate ``a`` through the benchmark-only
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
@@ -71,6 +79,7 @@ from gpu_engines import (  # noqa: E402
     prompts,
     rate_for_length,
     start_engines,
+    steady_tokens_per_second,
     stop_engines,
     tokens_per_second,
     total,
@@ -169,6 +178,9 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                            "tok_s": round(statistics.median(
                                tokens_per_second(r) for r in runs[policy]), 1),
                            "acceptance": round(accepted / drafted, 4) if drafted else None}
+                    steady = [steady_tokens_per_second(r) for r in runs[policy]]
+                    if None not in steady:  # in the steady window (gpu_engines)
+                        row["tok_s_steady"] = round(statistics.median(steady), 1)
                     if "no_spec" in runs and policy != "no_spec":
                         # greedy tokens as no speculation's, over every repetition
                         row["agreement_with_no_spec"] = round(agreement(
@@ -176,8 +188,10 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                             [t for r in runs[policy] for t in r["tokens"]])[0], 5)
                     # Python's garbage collections of 1 ms or more, per repetition
                     row["gc_pauses_by_rep"] = [r.get("gc_pauses") for r in runs[policy]]
-                    # per repetition: wall seconds, GPU clocks, the engine process's CPU time
+                    # per repetition: wall seconds, the steady window's seconds and tokens,
+                    # GPU clocks, the engine process's CPU time
                     row["runs_by_rep"] = [{"seconds": round(r["seconds"], 4),
+                                           "steady": r.get("steady"),
                                            "gpu_clocks": r.get("gpu_clocks"),
                                            "host": r.get("host")} for r in runs[policy]]
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
@@ -211,24 +225,51 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             "output_lens": list(output_lens) if output_lens else [OUTPUT_LEN, OUTPUT_LEN]}
 
 
+def compare(group_tables: list[dict[str, float]]) -> tuple[dict[str, float], dict]:
+    """A cell's throughput by policy (SCV's rows: the mean over groups) and, for each compared
+    row, its ratio over the best other policy of each group it ran in."""
+    tok_s: dict[str, float] = {}
+    ratios: dict[str, list[float]] = {name: [] for name in COMPARED_ROWS}
+    for table in group_tables:
+        tok_s.update({p: v for p, v in table.items() if p not in COMPARED_ROWS})
+        others = [v for p, v in table.items() if p not in COMPARED_ROWS]
+        for name in COMPARED_ROWS:
+            if name in table and others:
+                ratios[name].append(round(table[name] / max(others), 4))
+    for name in COMPARED_ROWS:
+        values = [t[name] for t in group_tables if name in t]
+        if values:
+            tok_s[name] = round(statistics.mean(values), 1)
+    return tok_s, ratios
+
+
 def merge(jsonl: Path, result: Path) -> None:
     """One cell per (batch, workload). ``tok_s``: each policy's throughput in its group (SCV's
     is the mean over groups); ``scv_over_best_other``: the smallest, over groups, of SCV over
-    the best other policy of the same group (same GPU, alternating batches)."""
+    the best other policy of the same group (same GPU, alternating batches). Both measure the
+    steady window (``gpu_engines.generate_at_concurrency``) where every policy of the group
+    had one in every repetition, else the whole run; ``tok_s_whole_run`` and
+    ``scv_over_best_other_whole_run`` are the whole run's in any case."""
     from common import recorded_environment
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    # The headline is the steady window's throughput where every row of a cell has one
+    # (``tok_s_steady``), else the whole run's; the whole run's is kept beside it.
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}
+    whole_runs: dict[tuple[int, str], list[dict[str, float]]] = {}
     acceptance: dict[tuple[int, str], dict[str, float | None]] = {}
     choices: dict[tuple[int, str], list[dict]] = {}
     agreement_by_cell: dict[tuple[int, str], dict[str, float]] = {}
     gc_pauses: dict[tuple[int, str], dict[str, list]] = {}  # by policy, group, repetition
     runs_by_rep: dict[tuple[int, str], dict[str, list]] = {}  # likewise
+    measures: set[str] = set()
     for record in records:
         tables: dict[tuple[int, str], dict[str, float]] = {}
+        steady_tables: dict[tuple[int, str], dict[str, float | None]] = {}
         for row in record["rows"]:
             key = (row["batch"], row["workload"])
             tables.setdefault(key, {})[row["policy"]] = row["tok_s"]
+            steady_tables.setdefault(key, {})[row["policy"]] = row.get("tok_s_steady")
             acceptance.setdefault(key, {})[row["policy"]] = row.get("acceptance")
             if "agreement_with_no_spec" in row:  # the lowest over groups
                 agreements = agreement_by_cell.setdefault(key, {})
@@ -244,21 +285,15 @@ def merge(jsonl: Path, result: Path) -> None:
                 choices.setdefault(key, []).append({"policy": row["policy"], **{
                     k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")}})
         for key, tok_s in tables.items():
-            groups.setdefault(key, []).append(tok_s)
+            steady = steady_tables[key]
+            headline = steady if None not in steady.values() else tok_s
+            measures.add("steady window" if headline is steady else "whole run")
+            groups.setdefault(key, []).append(headline)
+            whole_runs.setdefault(key, []).append(tok_s)
     cells = []
     for (batch, workload), group_tables in sorted(groups.items()):
-        tok_s: dict[str, float] = {}
-        ratios: dict[str, list[float]] = {name: [] for name in COMPARED_ROWS}
-        for table in group_tables:
-            tok_s.update({p: v for p, v in table.items() if p not in COMPARED_ROWS})
-            others = [v for p, v in table.items() if p not in COMPARED_ROWS]
-            for name in COMPARED_ROWS:
-                if name in table and others:
-                    ratios[name].append(round(table[name] / max(others), 4))
-        for name in COMPARED_ROWS:
-            values = [t[name] for t in group_tables if name in t]
-            if values:
-                tok_s[name] = round(statistics.mean(values), 1)
+        tok_s, ratios = compare(group_tables)
+        whole_tok_s, whole_ratios = compare(whole_runs[(batch, workload)])
         diagnostics = {}
         for name in COMPARED_ROWS[1:]:
             if ratios[name]:
@@ -268,6 +303,9 @@ def merge(jsonl: Path, result: Path) -> None:
                       "scv_over_best_other": min(ratios["scv"]) if ratios["scv"] else None,
                       **diagnostics, "scv_over_best_other_by_group": ratios["scv"],
                       "groups": group_tables,
+                      "tok_s_whole_run": whole_tok_s,
+                      "scv_over_best_other_whole_run": (min(whole_ratios["scv"])
+                                                        if whole_ratios["scv"] else None),
                       "acceptance": acceptance.get((batch, workload), {}),
                       "agreement_with_no_spec": agreement_by_cell.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), []),
@@ -280,6 +318,8 @@ def merge(jsonl: Path, result: Path) -> None:
                             "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft",
                             "rates": workloads(), "batch_schedule": BATCH_SCHEDULE},
                "load": sorted({r.get("load", "closed batch") for r in records}),
+               # what ``tok_s`` and ``scv_over_best_other`` measure (``merge``)
+               "measure": sorted(measures),
                "async_scheduling": sorted({r.get("async_scheduling", "vLLM default: off for "
                                                  "draft_model, on without speculation")
                                            for r in records}),
@@ -306,8 +346,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--closed-batch", action="store_true",
                         help="send each batch at once instead of keeping `batch` in flight")
-    parser.add_argument("--load-multiple", type=int, default=2,
-                        help="requests served per slot in flight (steady load)")
+    parser.add_argument("--load-multiple", type=int, default=4,
+                        help="requests served per slot in flight (steady load); at 3 or more "
+                        "every policy has a steady window")
     parser.add_argument("--memory", type=float, default=0.9,
                         help="share of GPU memory for the whole group, split evenly")
     parser.add_argument("--output-lens", type=int, nargs=2, metavar=("MIN", "MAX"),

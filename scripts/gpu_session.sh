@@ -23,15 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The last plan run (thirty-third session): the thirty-second timed NWOR's host work in
-# draft_model steps at batch 8 and 32 at 123-153 µs a step and cut the commit's part; these
-# cells ran on the trimmed code, six repetitions beside a second plugin-off engine, with the
-# host timer (nwor_overhead_dm_host_trimmed_2026-11-24_h200.json: 55-114 µs a step, on/off
-# 0.9905). The session ran each step twice, the second time as dm_host_k4r / dm_host_k2r.
+# The thirty-fourth session's plan: SCV against no speculation and fixed k = 2 and 4 in one
+# group, every workload, throughput in each run's steady window (scv_bench.py) with four
+# requests per slot; batch 1 and 32 first, then 128 and 256 (on a second machine if the
+# first is given back: touch $OUT/scv_b1_b32.done there first).
 stream0() {
-  local each=(--L 1.5 3.0 --batches 8 32 --reps 6 --min-requests 32 --aa --time-nwor-host)
-  step dm_host_k4 nwor_overhead --method draft_model --k 4 "${each[@]}"
-  step dm_host_k2 nwor_overhead --method draft_model --k 2 "${each[@]}"
+  local each=(--policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4)
+  step scv_b1_b32 scv_bench --batches 1 32 "${each[@]}"
+  step scv_b128_b256 scv_bench --batches 128 256 "${each[@]}"
 }
 
 gpus=$(nvidia-smi -L | wc -l)

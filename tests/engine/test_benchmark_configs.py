@@ -89,6 +89,29 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
     assert json.loads((tmp_path / "scv.json").read_text())["device"] == "NVIDIA H200"
 
 
+def test_scv_merge_takes_the_steady_window_where_every_policy_of_a_group_has_one(tmp_path):
+    """The headline is the steady window's throughput (``tok_s_steady``) where every row of
+    a group's cell has one, the whole run's otherwise; the whole run's ratio is kept."""
+    scv = importlib.import_module("scv_bench")
+    whole = {"no_spec": 100.0, "fixed_k4": 90.0, "scv": 95.0}
+    steady = {"no_spec": 110.0, "fixed_k4": 99.0, "scv": 121.0}
+    rows = [{"policy": p, "batch": b, "workload": "w", "tok_s": whole[p],
+             **({"tok_s_steady": steady[p]} if b == 128 or p != "scv" else {})}
+            for b in (1, 128) for p in whole]
+    record = {"policies": list(whole), "gpu_memory_share": 0.3, "reps": 2, "prompt_len": 128,
+              "startup_seconds": {}, "rows": rows}
+    jsonl = tmp_path / "scv.jsonl"
+    jsonl.write_text(json.dumps(record) + "\n")
+    (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H200"}))
+    scv.merge(jsonl, tmp_path / "scv.json")
+    result = json.loads((tmp_path / "scv.json").read_text())
+    at_1, at_128 = result["cells"]
+    assert at_128["tok_s"] == steady and at_128["scv_over_best_other"] == 1.1
+    assert at_128["tok_s_whole_run"] == whole and at_128["scv_over_best_other_whole_run"] == 0.95
+    assert at_1["tok_s"] == whole and at_1["scv_over_best_other"] == 0.95  # SCV had no window
+    assert result["measure"] == ["steady window", "whole run"]
+
+
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
@@ -267,6 +290,33 @@ def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     tokens = [list(o.outputs[0].token_ids) for o in expected]
     assert [list(o.outputs[0].token_ids) for o in served] == tokens
     assert [list(o.outputs[0].token_ids) for o in served_again] == tokens
+
+
+def test_steady_window_runs_from_the_first_finish_to_the_last_admission(tiny_models):
+    """Without speculation every request in flight gets one token a step (its first at its
+    prefill). Two in flight, lengths 3, 7, 5, 5: r0 finishes at step 3 (6 tokens made: r0's 3,
+    r1's 3) and r2 takes its slot; r1 finishes at step 7 and r3, the last, is admitted (14
+    made: r0's 3, r1's 7, r2's 4). The window holds 8 tokens: 7 if the requests in flight were
+    not counted. It is empty where every request is admitted at once."""
+    from engine_utils import engine
+    from vllm import SamplingParams
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, _ = tiny_models
+    lengths = [3, 7, 5, 5]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    prompts = [[3 + i, 7, 11, 13, 17, 19, 23, 29] for i in range(len(lengths))]
+    with engine(target, None) as llm:
+        steady: dict = {}
+        served = gpu_engines.generate_at_concurrency(llm, prompts, params, 2, steady)
+        assert [len(o.outputs[0].token_ids) for o in served] == lengths
+        assert steady["tokens"] == 8 and steady["seconds"] > 0
+        at_once: dict = {}
+        gpu_engines.generate_at_concurrency(llm, prompts[:2], params[:2], 2, at_once)
+        assert at_once == {"seconds": None, "tokens": None}
+    run = {"tokens": [[1] * n for n in lengths], "seconds": 2.0, "steady": steady}
+    assert gpu_engines.steady_tokens_per_second(run) == steady["tokens"] / steady["seconds"]
+    assert gpu_engines.steady_tokens_per_second({**run, "steady": at_once}) is None
 
 
 def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
