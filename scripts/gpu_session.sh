@@ -30,7 +30,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 stream0() {
   local each=(--policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4)
   step scv_b1_b32 scv_bench --batches 1 32 "${each[@]}"
-  step scv_b128_b256 scv_bench --batches 128 256 "${each[@]}"
+  step scv_b128_b256 scv_bench --batches 128 256 --memory 0.93 "${each[@]}"
 }
 
 gpus=$(nvidia-smi -L | wc -l)
