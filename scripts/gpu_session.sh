@@ -23,14 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fourth session's plan: SCV against no speculation and fixed k = 2 and 4 in one
-# group, every workload, throughput in each run's steady window (scv_bench.py) with four
-# requests per slot; batch 1 and 32 first, then 128 and 256 (on a second machine if the
-# first is given back: touch $OUT/scv_b1_b32.done there first).
+# The thirty-fourth session's plan (its second machine): SCV against no speculation and fixed
+# k = 2 and 4 (k = 4 left out at batch 128, where four engines do not fit), every workload,
+# four requests per slot, each request's output length drawn from 64-192 (the same for every
+# policy), throughput in each run's steady window and over the whole run (scv_bench.py). The
+# first machine ran the same with every output 128 tokens long
+# (scv_steady_equal_lengths_2026-11-24_h200.json).
 stream0() {
-  local each=(--policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4)
-  step scv_b1_b32 scv_bench --batches 1 32 "${each[@]}"
-  step scv_b128_b256 scv_bench --batches 128 256 --memory 0.93 "${each[@]}"
+  local each=(--reps 2 --load-multiple 4 --output-lens 64 192)
+  step scv_b1_b32_spread scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
+    "${each[@]}"
+  step scv_b128_spread scv_bench --batches 128 --policies no_spec fixed_k2 scv "${each[@]}"
 }
 
 gpus=$(nvidia-smi -L | wc -l)
