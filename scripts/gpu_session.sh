@@ -23,17 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fourth session's plan (its second machine): SCV against no speculation and fixed
-# k = 2 and 4 (k = 4 left out at batch 128, where four engines do not fit), every workload,
-# four requests per slot, each request's output length drawn from 64-192 (the same for every
-# policy), throughput in each run's steady window and over the whole run (scv_bench.py). The
-# first machine ran the same with every output 128 tokens long
-# (scv_steady_equal_lengths_2026-11-24_h200.json).
+# The thirty-fourth session's third machine: SCV with each band and budget's price corrected
+# by its residuals (StepCostModel.residuals), against no speculation and fixed k = 2 and 4,
+# output lengths spread over 64-192, at batch 1 and 32; the run before the change is
+# scv_steady_spread_lengths_2026-11-24_h200.json (the same settings).
 stream0() {
-  local each=(--reps 2 --load-multiple 4 --output-lens 64 192)
-  step scv_b1_b32_spread scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
-    "${each[@]}"
-  step scv_b128_spread scv_bench --batches 128 --policies no_spec fixed_k2 scv "${each[@]}"
+  step scv_b1_b32_residuals scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
+    --reps 2 --load-multiple 4 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)
