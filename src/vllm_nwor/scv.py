@@ -433,7 +433,7 @@ class StepCostModel:
         over the fit's price, lately (0 where fewer than ``RESIDUAL_STEPS`` such steps are
         kept): what the linear terms miss at this concurrency and budget. On the H200, at
         batch 32 with steady prefills, steps verifying a draft per request took 10.24 ms where
-        the fit said 6.96, plain ones 7.25 where it said 5.64, and SCV drafted in 616 of 1,006
+        the fit said 6.96, plain ones 7.25 where it said 5.64, and SCV drafted in 616 of 1,014
         steps at 0.95 of plain decoding's rate
         (``benchmarks/results/scv_steady_spread_lengths_2026-11-24_h200.json``)."""
         if self._fixed is None:

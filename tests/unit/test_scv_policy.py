@@ -415,7 +415,7 @@ def test_steps_at_batch_1_do_not_price_batch_32():
 
 def test_what_the_fit_misses_at_one_batch_and_budget_is_priced_from_its_residuals():
     """What the H200 showed at batch 32 with steady prefills: steps verifying a draft per
-    request took 10.24 ms where the fit said 6.96, and SCV drafted (at L=1.5) in 616 of 1,006
+    request took 10.24 ms where the fit said 6.96, and SCV drafted (at L=1.5) in 616 of 1,014
     steps at 0.95 of plain decoding's rate. Here a step that drafts at batch 32 costs 2.5 ms
     more than the linear terms say (at batch 1 it does not), and one of them pauses for
     300 ms. The fit cannot follow both batch sizes; with the residuals of each band and budget
