@@ -23,8 +23,8 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fourth session's third machine: SCV with each band and budget's price corrected
-# by its residuals (StepCostModel.residuals), against no speculation and fixed k = 2 and 4,
+# The thirty-fourth session's third and fourth machines: SCV with each band and budget's price
+# corrected by its residuals (StepCostModel.residuals, f994bd3; reverted after these runs), against no speculation and fixed k = 2 and 4,
 # output lengths spread over 64-192, at batch 1 and 32 (a fourth machine: batch 128 alone,
 # touch $OUT/scv_b1_b32_residuals.done first); the run before the change is
 # scv_steady_spread_lengths_2026-11-24_h200.json (the same settings).

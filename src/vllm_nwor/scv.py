@@ -340,7 +340,6 @@ class StepCostModel:
         self._counts: dict[tuple[int, int], int] = {}
         self._band_counts: dict[int, int] = {}  # by band: steps observed
         self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        self._residuals: dict[tuple[int, int], float] = {}  # by (band, budget), seconds
         self._fits = self._since_fit = 0
         self._fixed = None
         if fixed_coefficients is not None:
@@ -387,13 +386,10 @@ class StepCostModel:
         """The current fit (every term at least zero)."""
         if self._fixed is not None:
             return self._fixed
-        self._refit_if_due()
-        return self._cost
-
-    def _refit_if_due(self) -> None:
         if self._since_fit and self.steps >= self.min_steps and (
                 not self._fits or self._since_fit >= self.refit_interval):
             self._refit()
+        return self._cost
 
     def _refit(self) -> None:
         self._fits += 1
@@ -422,38 +418,6 @@ class StepCostModel:
                 x, y, np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12)))
         last[varies] = theta
         self._cost = StepCost(*(float(v) for v in last))
-        self._residuals = {}
-        for key, n in kept.items():
-            if n >= RESIDUAL_STEPS:
-                rows, seconds = self._rows[key][0][:n], self._rows[key][1][:n]
-                self._residuals[key] = trimmed_mean(seconds - rows @ last)
-
-    def residuals(self, requests: int, max_budget: int) -> np.ndarray:
-        """Seconds by draft budget ``0..max_budget`` that steps of ``requests`` requests took
-        over the fit's price, lately (0 where fewer than ``RESIDUAL_STEPS`` such steps are
-        kept): what the linear terms miss at this concurrency and budget. On the H200, at
-        batch 32 with steady prefills, steps verifying a draft per request took 10.24 ms where
-        the fit said 6.96, plain ones 7.25 where it said 5.64, and SCV drafted in 616 of 1,014
-        steps at 0.95 of plain decoding's rate
-        (``benchmarks/results/scv_steady_spread_lengths_2026-11-24_h200.json``)."""
-        if self._fixed is None:
-            self._refit_if_due()
-        band = concurrency_band(requests)
-        return np.array([self._residuals.get((band, budget), 0.0)
-                         for budget in range(max_budget + 1)])
-
-
-RESIDUAL_STEPS = 16
-"""Steps of one concurrency band and draft budget before their residual corrects the fit's
-price of that budget (:meth:`StepCostModel.residuals`)."""
-
-
-def trimmed_mean(values: np.ndarray, trim: float = 0.1) -> float:
-    """The mean of ``values`` without the lowest and highest ``trim`` of them: what a step
-    costs on average, without a rare pause."""
-    values = np.sort(values)
-    cut = int(len(values) * trim)
-    return float(values[cut:len(values) - cut].mean())
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
@@ -748,8 +712,7 @@ class ChunkPolicy:
             catch_up = np.where(behind > 0, pass_share + cost.per_caught_up * behind, 0) / left
         sizes = choose_sizes(rates, k, cost, self.settings.max_graph_tokens,
                              settled_under=last, history=history,
-                             mixed_graphs=self.settings.mixed_graphs, catch_up=catch_up,
-                             residual=self.cost.residuals(len(req_ids), k))
+                             mixed_graphs=self.settings.mixed_graphs, catch_up=catch_up)
         if step % EXPLORE_INTERVAL == 0 and sizes.any():
             sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
@@ -805,7 +768,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
                  settled_under: np.ndarray | None = None,
                  history: tuple[np.ndarray, np.ndarray] | None = None,
                  mixed_graphs: bool = False, catch_up: np.ndarray | None = None,
-                 residual: np.ndarray | None = None, exit_early: bool = True) -> np.ndarray:
+                 exit_early: bool = True) -> np.ndarray:
     """Chunk sizes maximising the batch's output rate in steady state under ``cost``.
 
     ``rates``: per-request acceptance probabilities. A plan gives request ``i`` a chunk
@@ -839,9 +802,6 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     back and forth (on the GPU at batch 256, L=3: budget 1 for one to three steps every 15, each
     return catching 256 requests up on 15 positions, several milliseconds on an 11 ms step).
 
-    ``residual``: seconds by budget ``0..max_chunk`` added to the price of every plan with
-    that budget (:meth:`StepCostModel.residuals`: what the engine's steps took over the fit).
-
     The plan with budget ``D = max(c)`` replays a FULL graph when its sizes are equal (or
     always, with ``mixed_graphs``) and its tokens are at most ``max_graph_tokens`` (None:
     never). Candidates: for each ``D``, every request at ``D``; and each request at
@@ -868,10 +828,6 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     # charge[c, i]: what drafting request i at chunk c pays for its catch-up each step
     charge = np.zeros_like(gain) if catch_up is None else gain * catch_up
     charge[0] = 0.0
-    extra = np.zeros(len(budgets)) if residual is None else np.asarray(residual, dtype=float)
-
-    def price(tokens, budget, off_graph):  # a step's seconds, the residual of its budget in
-        return cost.seconds(n, tokens, budget, off_graph) + extra[budget]
 
     def settled(sizes):  # the tokens out and in per step of the batch plans ``sizes`` settle into
         share = w / gain[sizes, columns]  # slots held, in proportion
@@ -883,18 +839,17 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
         budget = sizes.max(axis=-1)
         off_graph = ~on_full_graph(sizes.min(axis=-1) == budget, tokens_in, max_graph_tokens,
                                    mixed_graphs)
-        seconds = price(tokens_in, budget, off_graph) + charge[sizes, columns].sum(-1)
+        seconds = cost.seconds(n, tokens_in, budget, off_graph) + charge[sizes, columns].sum(-1)
         return tokens_out / np.maximum(seconds, 1e-12)
 
     if exit_early and min(cost) >= 0 and not _drafts_can_win(gain, w, cost, max_graph_tokens,
-                                                                mixed_graphs, extra):
+                                                                mixed_graphs):
         return np.zeros(n, dtype=int)
     # Every request verifying D: the plans that can replay FULL decode graphs.
     uniform = np.broadcast_to(budgets[:, None], (len(budgets), n))
     uniform_value = value(uniform)
     if exit_early and min(cost) >= 0 and uniform_value[0] > np.max(
-            settled(uniform[1:])[0] / np.maximum(price(n, budgets[1:], False), 1e-12),
-            initial=0.0):
+            settled(uniform[1:])[0] / cost.seconds(n, n, budgets[1:], False), initial=0.0):
         # No plan with drafts can beat none: with budget D a plan yields at most what every
         # request at chunk D does, and costs at least a step of n tokens on the graphs.
         return np.zeros(n, dtype=int)
@@ -928,8 +883,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
 
 
 def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
-                     max_graph_tokens: int | None, mixed_graphs: bool,
-                     residual: np.ndarray) -> bool:
+                     max_graph_tokens: int | None, mixed_graphs: bool) -> bool:
     """Whether some plan with drafts might beat the plan without (False: none can), for
     :func:`choose_sizes` (``gain[c, i]``: request ``i``'s tokens at chunk ``c``; ``w``: the
     arrival weights; every term of ``cost`` at least 0).
@@ -944,9 +898,7 @@ def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
     a chunk up to ``D`` makes it positive (catch-up charges, left out, only add cost). At
     batch 256 on the H200 that keeps L=3 at chunk 0 without the search, which the bound by
     budget alone (every request at chunk ``D``, priced as a step of ``n`` tokens) never did:
-    a step's drafts cost mostly per token there, and that bound leaves them out. ``residual``
-    (seconds by budget) adds alike to every plan of a budget and to ``S_D``, so the bound
-    holds with it."""
+    a step's drafts cost mostly per token there, and that bound leaves them out."""
     n = gain.shape[1]
     budgets = np.arange(len(gain))
     # Off the graphs for certain where even the plan of budget D most likely on them is not:
@@ -954,7 +906,7 @@ def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
     # replay). With D = 0 this is the plain step.
     fewest = n + budgets if mixed_graphs else n * (1 + budgets)
     off = np.logical_not(on_full_graph(True, fewest, max_graph_tokens, mixed_graphs))
-    least = cost.seconds(n, n, budgets, off) + residual  # S_D; S_0 is the plain step
+    least = cost.seconds(n, n, budgets, off)  # S_D; S_0 is the plain step
     plain = least[0]
     if plain <= 0:
         return True

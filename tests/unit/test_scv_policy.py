@@ -413,43 +413,6 @@ def test_steps_at_batch_1_do_not_price_batch_32():
     assert choose_sizes(rates, 8, cost.coefficients).min() >= 2  # and drafts
 
 
-def test_what_the_fit_misses_at_one_batch_and_budget_is_priced_from_its_residuals():
-    """What the H200 showed at batch 32 with steady prefills: steps verifying a draft per
-    request took 10.24 ms where the fit said 6.96, and SCV drafted (at L=1.5) in 616 of 1,014
-    steps at 0.95 of plain decoding's rate. Here a step that drafts at batch 32 costs 2.5 ms
-    more than the linear terms say (at batch 1 it does not), and one of them pauses for
-    300 ms. The fit cannot follow both batch sizes; with the residuals of each band and budget
-    every price is right, L=1.5 stays plain at batch 32, where the extra makes drafting lose,
-    and batch 1 still drafts."""
-    linear = StepCost(4.4e-3, 1e-5, 2e-4, 2e-6, 1e-4, drafting=2e-4)
-    model = StepCostModel(window=128, min_steps=32, refit_interval=16)
-    rng = np.random.default_rng(3)
-    paused = False
-    for i in range(600):
-        n, budget = int(rng.choice([1, 32])), int(rng.integers(0, 3))
-        tokens = n * (1 + int(rng.integers(0, budget + 1)))
-        seconds = linear.seconds(n, tokens, budget, False)
-        if n == 32 and budget > 0:
-            seconds += 2.5e-3
-            if i > 500 and not paused:  # in the last window of its band and budget
-                seconds, paused = seconds + 0.3, True
-        model.observe(n, tokens, budget, seconds * (1 + 0.02 * rng.standard_normal()))
-    assert paused
-    fitted, residual = model.coefficients, model.residuals(32, 2)
-    assert residual[1] > 0.5e-3  # the fit follows part of the extra, the residual the rest
-    for n, tokens, budget, extra in ((32, 32, 0, 0), (32, 64, 1, 2.5e-3), (32, 96, 2, 2.5e-3),
-                                     (1, 2, 1, 0), (1, 3, 2, 0)):
-        assert fitted.seconds(n, tokens, budget, False) + model.residuals(n, 2)[budget] == (
-            pytest.approx(linear.seconds(n, tokens, budget, False) + extra, rel=0.05))
-    assert model.residuals(32, 8)[3:].tolist() == [0.0] * 6  # no such steps: the fit alone
-    truth = linear.seconds(32, 64, 1, False) + 2.5e-3
-    assert abs(fitted.seconds(32, 64, 1, False) - truth) > 0.3e-3  # the fit alone is off
-    rates = np.full(32, 0.336)  # L=1.5 at k=4
-    assert choose_sizes(rates, 2, linear).tolist() == [1] * 32  # drafting pays, linearly
-    assert choose_sizes(rates, 2, fitted, residual=residual).tolist() == [0] * 32
-    assert choose_sizes(rates[:1], 2, fitted, residual=model.residuals(1, 2)).max() >= 1
-
-
 def test_a_drafting_steps_own_cost_keeps_a_low_acceptance_batch_plain():
     """What the GPU showed at batch 32, L=1.5: a step that drafts at all costs about 2.8 ms
     beyond its passes (the drafter's preparation and first pass, the rejection sampler), a
