@@ -253,8 +253,6 @@ def merge(jsonl: Path, result: Path) -> None:
     from common import recorded_environment
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    # The headline is the steady window's throughput where every row of a cell has one
-    # (``tok_s_steady``), else the whole run's; the whole run's is kept beside it.
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}
     whole_runs: dict[tuple[int, str], list[dict[str, float]]] = {}
     acceptance: dict[tuple[int, str], dict[str, float | None]] = {}

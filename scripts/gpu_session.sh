@@ -24,10 +24,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 }
 
 # The thirty-fourth session's third and fourth machines: SCV with each band and budget's price
-# corrected by its residuals (StepCostModel.residuals, f994bd3; reverted after these runs), against no speculation and fixed k = 2 and 4,
-# output lengths spread over 64-192, at batch 1 and 32 (a fourth machine: batch 128 alone,
-# touch $OUT/scv_b1_b32_residuals.done first); the run before the change is
-# scv_steady_spread_lengths_2026-11-24_h200.json (the same settings).
+# corrected by its residuals (StepCostModel.residuals, f994bd3; reverted after these runs),
+# against no speculation and fixed k = 2 and 4, output lengths spread over 64-192, at batch 1
+# and 32 (the fourth machine: batch 128 alone, touch $OUT/scv_b1_b32_residuals.done first);
+# the run before the change is scv_steady_spread_lengths_2026-11-24_h200.json (the same
+# settings).
 stream0() {
   step scv_b1_b32_residuals scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
     --reps 2 --load-multiple 4 --output-lens 64 192
