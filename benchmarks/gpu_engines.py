@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -187,6 +188,8 @@ def engine_main(conn, kwargs: dict) -> None:
     gc_pauses = record_gc_pauses()
     step_seconds = time_engine_steps(llm)
     nwor_host = time_nwor_host(llm) if os.environ.get(TIME_NWOR_HOST) == "1" else None
+    slow_ms = float(os.environ.get(SAMPLE_SLOW_STEPS_MS, "0"))
+    slow_steps = sample_slow_steps(llm, slow_ms / 1e3) if slow_ms > 0 else None
 
     def snapshot() -> dict:
         if not spec:
@@ -229,6 +232,8 @@ def engine_main(conn, kwargs: dict) -> None:
             ignore_eos=True, extra_args={k: v for k, v in (extra or {}).items()
                                          if k != OUTPUT_LEN_KEY} or None)
             for extra in extra_args]
+        if slow_steps is not None:
+            slow_steps.clear()
         if kind == "warm":
             steps_from = len(steps)
             chunks = warm_every_chunk(llm, batch_prompts, params)
@@ -236,7 +241,8 @@ def engine_main(conn, kwargs: dict) -> None:
                 use_oracle(llm)
             state = scv_state()  # the steps SCV's cost model starts the measured runs from
             conn.send({"chunks_warmed": chunks, "steps": steps[steps_from:],
-                       "coefficients": state["coefficients"] if state else None})
+                       "coefficients": state["coefficients"] if state else None,
+                       "slow_steps": list(slow_steps or [])})
             continue
         profiler = python_profiler = busy = None
         if kind == "profile":  # torch profiler and cProfile around the run: tables come back
@@ -301,6 +307,7 @@ def engine_main(conn, kwargs: dict) -> None:
             "gpu_busy": busy,
             "scv": scv,
             "gc_pauses": list(gc_pauses),
+            "slow_steps": list(slow_steps or []),  # sample_slow_steps, where switched on
             "step_ms": step_summary(step_seconds),
             "gpu_clocks": gpu_clocks,
             "host": host,
@@ -388,6 +395,59 @@ def time_engine_steps(llm) -> list[float]:
 
     engine.step = timed_step  # an instance attribute: LLM and the benchmark's loop call it
     return durations
+
+
+SAMPLE_SLOW_STEPS_MS = "NWOR_BENCH_SLOW_STEP_MS"
+"""In the benchmark's environment, a number of ms: sample where the host is during every engine
+step that runs longer (:func:`sample_slow_steps`)."""
+
+
+def sample_slow_steps(llm, threshold: float, interval: float = 0.004, limit: int = 40,
+                      depth: int = 14) -> list[dict]:
+    """Where every thread of this process is while an ``LLMEngine.step`` call has run longer
+    than ``threshold`` seconds, sampled every ``interval`` seconds by a daemon thread (benchmark
+    diagnostics: a one-time stall of 0.36-0.45 s came before SCV's first catch-up at batch 1,
+    with no compile warning). The list fills with ``{"ms", "stacks"}`` for at most ``limit``
+    such steps: ``stacks``, each distinct stack (its innermost ``depth`` frames, innermost
+    first) with how many samples it was seen in, most first. A thread that waits for the GPU
+    shows where it waits; one that compiles shows the compiler."""
+    import collections
+    import threading
+    import traceback
+
+    engine, slow = llm.llm_engine, []
+    step, started = engine.step, [None]
+    counts: collections.Counter = collections.Counter()
+    me = [None]
+
+    def sampler() -> None:
+        me[0] = threading.get_ident()
+        while True:
+            time.sleep(interval)
+            begun = started[0]
+            if begun is None or time.perf_counter() - begun < threshold:
+                continue
+            for ident, frame in sys._current_frames().items():
+                if ident == me[0]:
+                    continue
+                frames = traceback.extract_stack(frame)[::-1][:depth]
+                counts[" < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                                  for f in frames)] += 1
+
+    def sampled_step(*args, **kwargs):
+        counts.clear()
+        started[0] = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            seconds, started[0] = time.perf_counter() - started[0], None
+            if seconds >= threshold and len(slow) < limit:
+                slow.append({"ms": round(1e3 * seconds, 2),
+                             "stacks": [[n, text] for text, n in counts.most_common(8)]})
+
+    engine.step = sampled_step
+    threading.Thread(target=sampler, daemon=True).start()
+    return slow
 
 
 TIME_NWOR_HOST = "NWOR_BENCH_TIME_HOST"

@@ -153,6 +153,9 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                 if done["coefficients"] is not None:
                     warm.setdefault(policy, {})[str(batch)] = {
                         "steps": done["steps"], "coefficients": done["coefficients"]}
+                if done.get("slow_steps"):  # gpu_engines.sample_slow_steps, where switched on
+                    warm.setdefault(policy, {}).setdefault(str(batch), {})["slow_steps"] = (
+                        done["slow_steps"])
         for name, pattern in workloads().items():
             if names is not None and name not in names:
                 continue
@@ -188,6 +191,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                             [t for r in runs[policy] for t in r["tokens"]])[0], 5)
                     # Python's garbage collections of 1 ms or more, per repetition
                     row["gc_pauses_by_rep"] = [r.get("gc_pauses") for r in runs[policy]]
+                    if any(r.get("slow_steps") for r in runs[policy]):  # where switched on
+                        row["slow_steps_by_rep"] = [r["slow_steps"] for r in runs[policy]]
                     # per repetition: wall seconds, the steady window's seconds and tokens,
                     # GPU clocks, the engine process's CPU time
                     row["runs_by_rep"] = [{"seconds": round(r["seconds"], 4),

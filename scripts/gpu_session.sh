@@ -23,17 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fourth session's third and fourth machines: SCV with each band and budget's price
-# corrected by its residuals (StepCostModel.residuals, f994bd3; reverted after these runs),
-# against no speculation and fixed k = 2 and 4, output lengths spread over 64-192, at batch 1
-# and 32 (the fourth machine: batch 128 alone, touch $OUT/scv_b1_b32_residuals.done first);
-# the run before the change is scv_steady_spread_lengths_2026-11-24_h200.json (the same
-# settings).
+# The thirty-fifth session's first machine: where the host is in the one-time stall before SCV's
+# first catch-up at batch 1 (and batch 32), sampled by gpu_engines.sample_slow_steps; then an A/A
+# control at batch 128 (two engines without speculation), to size the run-to-run noise the
+# comparison carries, beside SCV.
 stream0() {
-  step scv_b1_b32_residuals scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
-    --reps 2 --load-multiple 4 --output-lens 64 192
-  step scv_b128_residuals scv_bench --batches 128 --policies no_spec fixed_k2 scv \
-    --reps 2 --load-multiple 4 --output-lens 64 192
+  export NWOR_BENCH_SLOW_STEP_MS=60
+  step scv_stall_b1_b32 scv_bench --batches 1 32 --policies no_spec scv --reps 1 \
+    --workloads uniform_L1.5 --load-multiple 4 --output-lens 64 192
+  unset NWOR_BENCH_SLOW_STEP_MS
+  step scv_aa_b128 scv_bench --batches 128 --policies no_spec no_spec_aa scv --reps 3 \
+    --load-multiple 4 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -123,6 +123,26 @@ def test_gc_pauses_are_recorded_from_then_on():
         gc.callbacks.pop()
 
 
+def test_slow_steps_show_where_the_host_was():
+    import time
+    from types import SimpleNamespace
+
+    def held_on_purpose():
+        time.sleep(0.12)
+
+    def step(slow):
+        if slow:
+            held_on_purpose()
+
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
+    slow = importlib.import_module("gpu_engines").sample_slow_steps(llm, threshold=0.03)
+    for slow_step in (False, True, False):
+        llm.llm_engine.step(slow_step)
+    assert len(slow) == 1 and slow[0]["ms"] >= 120
+    (count, stack), *_ = slow[0]["stacks"]
+    assert count >= 5 and stack.split(" < ")[0].endswith("held_on_purpose")
+
+
 def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
     """``no_spec_aa`` (a second plain engine) is compared with the best other, never one."""
     scv = importlib.import_module("scv_bench")
