@@ -174,6 +174,8 @@ def engine_main(conn, kwargs: dict) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     kwargs, environment, ablations = split_engine_kwargs(kwargs)
     os.environ.update(environment)
+    if os.environ.get(ENGINE_CORES):  # before torch sizes its thread pools
+        os.sched_setaffinity(0, [int(c) for c in os.environ[ENGINE_CORES].split(",")])
     ablate(ablations)
     from vllm import LLM, SamplingParams
 
@@ -641,6 +643,12 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     drafted for so few requests. On the H200 SCV's first drafting steps at a handful of
     requests took 0.3-0.7 s (the step before them, under async scheduling, 0.1-0.7 s), up to
     30% of a measured run.
+    Then, at each of those batch sizes, each chunk size is met after a few plain steps, as a
+    probe meets it: the draft's first pass after a step that verified nothing launches vLLM's
+    input kernel (``copy_and_expand_eagle_inputs_kernel``) with a block of 2 tokens, which no
+    step at a fixed chunk does. On the H200 the first such pass compiled it inside a measured
+    run: 0.45 s at batch 1, 0.12-0.14 s three times at batch 32 (thirty-fifth session,
+    :func:`sample_slow_steps`).
     Returns the chunk sizes warmed: none where no SCV policy is in reach."""
     from dataclasses import replace
 
@@ -657,12 +665,36 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
                 llm.generate(inputs, params, use_tqdm=False)
                 for small in SMALL_WARM_BATCHES:
                     llm.generate(inputs[:small], params[:small], use_tqdm=False)
+            for chunk in chunks[1:]:
+                for size in (*SMALL_WARM_BATCHES, len(inputs)):
+                    generate_switching(llm, batch_prompts[:size], params[:size],
+                                       replace(settings, mode="fixed", max_chunk=0),
+                                       replace(settings, mode="fixed", max_chunk=chunk))
         finally:
             policy.settings = settings
     llm.generate(inputs, params, use_tqdm=False)
     if policy is not None:
         policy.acceptance = AcceptanceEstimator(policy.settings.acceptance_window)
     return chunks
+
+
+def generate_switching(llm, batch_prompts, params, before, after, steps_before: int = 4,
+                       output_len: int = 12) -> None:
+    """The prompts (``output_len`` tokens each at most) with SCV's settings ``before`` for
+    their first ``steps_before`` engine steps and ``after`` from then on (a warm-up)."""
+    policy, engine = scv_policy(llm), llm.llm_engine
+    call = next(_CALLS)
+    policy.settings = before
+    for i, (prompt, sampling) in enumerate(zip(batch_prompts, params, strict=True)):
+        sampling = sampling.clone()
+        sampling.max_tokens = min(sampling.max_tokens or output_len, output_len)
+        engine.add_request(f"s{call}-{i}", {"prompt_token_ids": prompt}, sampling)
+    taken = 0
+    while engine.has_unfinished_requests():
+        if taken == steps_before:
+            policy.settings = after
+        engine.step()
+        taken += 1
 
 
 def gpu_busy(events) -> dict | None:
@@ -775,6 +807,8 @@ def start_engines(configs: dict[str, dict], engine_core_process: bool = False
     engine core in a process of its own (:func:`engine_core_in_own_process`)."""
     if engine_core_process:
         configs = engine_core_in_own_process(configs)
+    if os.environ.get(PIN_CORES) == "1":
+        configs = pinned(configs)
     engines: dict[str, Engine] = {}
     try:
         for name, kwargs in configs.items():
@@ -783,6 +817,27 @@ def start_engines(configs: dict[str, dict], engine_core_process: bool = False
         stop_engines(engines)
         raise
     return engines
+
+
+PIN_CORES = "NWOR_BENCH_PIN_CORES"
+"""In the benchmark's environment, ``"1"``: each engine process on CPU cores of its own
+(:func:`pinned`)."""
+ENGINE_CORES = "NWOR_BENCH_ENGINE_CORES"
+"""In an engine's environment: the CPU cores its process runs on, comma-separated."""
+
+
+def pinned(configs: dict[str, dict]) -> dict[str, dict]:
+    """The engines, each on an equal share of this process's CPU cores, contiguous, none
+    shared. Benchmark diagnostics: at batch 128, where the step loop is bound by the host, two
+    identical engines differed by up to 14% over three repetitions, and single runs by up to
+    30% (an A/A control, thirty-fifth session); slow runs took more CPU seconds."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // len(configs)
+    if share < 1:
+        raise SystemExit(f"{PIN_CORES}=1: {len(configs)} engines, {len(cores)} cores")
+    return {name: {**kwargs, ENV_KEY: {**kwargs.get(ENV_KEY, {}), ENGINE_CORES: ",".join(
+                map(str, cores[i * share:(i + 1) * share]))}}
+            for i, (name, kwargs) in enumerate(configs.items())}
 
 
 def stop_engines(engines: dict[str, Engine]) -> None:

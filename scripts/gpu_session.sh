@@ -23,17 +23,21 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fifth session's first machine: where the host is in the one-time stall before SCV's
-# first catch-up at batch 1 (and batch 32), sampled by gpu_engines.sample_slow_steps; then an A/A
-# control at batch 128 (two engines without speculation), to size the run-to-run noise the
-# comparison carries, beside SCV.
+# The thirty-fifth session's second machine: the warm-up now meets every chunk size after plain
+# steps (gpu_engines.generate_switching), so the first probe's kernel compile is out of the
+# measured runs; the spread-lengths comparison at batch 1 and 32 again, slow steps sampled; an
+# A/A control at batch 128 with each engine on cores of its own (NWOR_BENCH_PIN_CORES), beside
+# the first machine's unpinned one; then SCV at batch 128 on the same pinned settings.
 stream0() {
   export NWOR_BENCH_SLOW_STEP_MS=60
-  step scv_stall_b1_b32 scv_bench --batches 1 32 --policies no_spec scv --reps 1 \
-    --workloads uniform_L1.5 --load-multiple 4 --output-lens 64 192
-  unset NWOR_BENCH_SLOW_STEP_MS
-  step scv_aa_b128 scv_bench --batches 128 --policies no_spec no_spec_aa scv --reps 3 \
+  step scv_b1_b32_warm_switch scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 \
+    scv --reps 2 --load-multiple 4 --output-lens 64 192
+  export NWOR_BENCH_PIN_CORES=1
+  step scv_aa_b128_pinned scv_bench --batches 128 --policies no_spec no_spec_aa scv --reps 3 \
     --load-multiple 4 --output-lens 64 192
+  step scv_b128_pinned scv_bench --batches 128 --policies no_spec fixed_k2 scv --reps 2 \
+    --load-multiple 4 --output-lens 64 192
+  unset NWOR_BENCH_SLOW_STEP_MS NWOR_BENCH_PIN_CORES
 }
 
 gpus=$(nvidia-smi -L | wc -l)

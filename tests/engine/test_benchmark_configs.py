@@ -367,6 +367,20 @@ def test_counters_are_differenced_and_totalled_key_by_key_and_element_by_element
         "counts": [5, 4], "seconds": [[3, 2.0], [1, 0.25]], "plans": 8}
 
 
+def test_pinned_engines_get_cores_of_their_own(monkeypatch):
+    import os
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    env, cores = gpu_engines.ENV_KEY, gpu_engines.ENGINE_CORES
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6})
+    configs = {"a": {"model": "m"}, "b": {"model": "m", env: {"X": "1"}}, "c": {"model": "m"}}
+    pinned = gpu_engines.pinned(configs)
+    assert [pinned[n][env][cores] for n in "abc"] == ["0,1", "2,3", "4,5"]
+    assert pinned["b"][env]["X"] == "1" and configs["a"] == {"model": "m"}
+    with pytest.raises(SystemExit, match="8 engines, 7 cores"):
+        gpu_engines.pinned({str(i): {} for i in range(8)})
+
+
 def test_engine_core_in_its_own_process_keeps_each_engines_environment():
     gpu_engines = importlib.import_module("gpu_engines")
     env, ablate = gpu_engines.ENV_KEY, gpu_engines.ABLATE_KEY
@@ -406,6 +420,9 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
         assert {len(step) for step in steps} == {8} and {s[2] for s in steps} >= {0, 1, 2, 3}
         # every budget drafted for a request alone too (gpu_engines.SMALL_WARM_BATCHES)
         assert {s[2] for s in steps if s[0] == 1} >= {1, 2, 3}
+        # every budget met after plain steps, as a probe meets it: a catch-up comes first
+        for size in (1, 2):
+            assert {s[2] for s in steps if s[0] == size and s[7] > 0} >= {1, 2, 3}
         # drafts verified: some, and within the step's tokens beyond one per request
         assert max(s[6] for s in steps) > 0 and all(0 <= s[6] <= s[1] - s[0] for s in steps)
         assert policy.settings is settings and settings.mode == "adaptive"
