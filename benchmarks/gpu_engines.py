@@ -262,6 +262,7 @@ def engine_main(conn, kwargs: dict) -> None:
         step_seconds.clear()
         nwor_host_before = dict(nwor_host) if nwor_host is not None else None
         clocks = ClockSampler()
+        probe_before = host_probe_ms()
         host_before = host_usage()
         start = time.perf_counter()
         steady: dict = {"seconds": None, "tokens": None}
@@ -273,6 +274,7 @@ def engine_main(conn, kwargs: dict) -> None:
         seconds = time.perf_counter() - start
         gpu_clocks = clocks.stop()
         host = {key: round(value - host_before[key], 4) for key, value in host_usage().items()}
+        host["probe_ms"] = [probe_before, host_probe_ms()]  # before and after the run
         tables = {}
         if profiler is not None:
             python_profiler.disable()
@@ -368,6 +370,20 @@ class ClockSampler:
         return {"samples": len(mhz), "sm_mhz_median": statistics.median(mhz),
                 "sm_mhz_min": min(mhz),
                 "power_w_median": round(statistics.median(w for _, w in self._samples), 1)}
+
+
+def host_probe_ms(repeat: int = 5) -> float:
+    """The fastest of ``repeat`` timings of a fixed pure-Python loop, in ms: how fast this
+    process's host runs Python just now (benchmark diagnostics: at batch 128 identical engines'
+    runs differed by up to 30%, the slow ones with more CPU seconds and less GPU power)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        total = 0
+        for i in range(100_000):
+            total += i & 7
+        best = min(best, time.perf_counter() - start)
+    return round(1e3 * best, 3)
 
 
 def host_usage() -> dict:

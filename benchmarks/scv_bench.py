@@ -198,7 +198,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                     row["runs_by_rep"] = [{"seconds": round(r["seconds"], 4),
                                            "steady": r.get("steady"),
                                            "gpu_clocks": r.get("gpu_clocks"),
-                                           "host": r.get("host")} for r in runs[policy]]
+                                           "host": r.get("host"),
+                                           "step_ms": r.get("step_ms")} for r in runs[policy]]
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
                     if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
                         counters = total([x["counters"] for x in scv])
@@ -263,8 +264,9 @@ def merge(jsonl: Path, result: Path) -> None:
     acceptance: dict[tuple[int, str], dict[str, float | None]] = {}
     choices: dict[tuple[int, str], list[dict]] = {}
     agreement_by_cell: dict[tuple[int, str], dict[str, float]] = {}
-    gc_pauses: dict[tuple[int, str], dict[str, list]] = {}  # by policy, group, repetition
-    runs_by_rep: dict[tuple[int, str], dict[str, list]] = {}  # likewise
+    # a cell's key: its rows' by policy, group and repetition
+    by_rep: dict[str, dict[tuple[int, str], dict[str, list]]] = {
+        "gc_pauses": {}, "runs": {}, "slow_steps": {}}
     measures: set[str] = set()
     for record in records:
         tables: dict[tuple[int, str], dict[str, float]] = {}
@@ -278,12 +280,10 @@ def merge(jsonl: Path, result: Path) -> None:
                 agreements = agreement_by_cell.setdefault(key, {})
                 agreements[row["policy"]] = min(agreements.get(row["policy"], 1.0),
                                                 row["agreement_with_no_spec"])
-            if row.get("gc_pauses_by_rep"):
-                gc_pauses.setdefault(key, {}).setdefault(row["policy"], []).append(
-                    row["gc_pauses_by_rep"])
-            if row.get("runs_by_rep"):
-                runs_by_rep.setdefault(key, {}).setdefault(row["policy"], []).append(
-                    row["runs_by_rep"])
+            for name, found in by_rep.items():
+                if row.get(f"{name}_by_rep"):
+                    found.setdefault(key, {}).setdefault(row["policy"], []).append(
+                        row[f"{name}_by_rep"])
             if "scv_budget_counts" in row:
                 choices.setdefault(key, []).append({"policy": row["policy"], **{
                     k.removeprefix("scv_"): v for k, v in row.items() if k.startswith("scv_")}})
@@ -312,8 +312,9 @@ def merge(jsonl: Path, result: Path) -> None:
                       "acceptance": acceptance.get((batch, workload), {}),
                       "agreement_with_no_spec": agreement_by_cell.get((batch, workload), {}),
                       "scv_choices_by_group": choices.get((batch, workload), []),
-                      "gc_pauses": gc_pauses.get((batch, workload), {}),
-                      "runs": runs_by_rep.get((batch, workload), {})})
+                      **{name: found.get((batch, workload), {})
+                         for name, found in by_rep.items()
+                         if name != "slow_steps" or (batch, workload) in found}})
     payload = {**recorded_environment(jsonl), "benchmark": "scv",
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
                             "output_len": OUTPUT_LEN,  # [min, max] by group: ``groups``

@@ -23,21 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fifth session's second machine: the warm-up now meets every chunk size after plain
-# steps (gpu_engines.generate_switching), so the first probe's kernel compile is out of the
-# measured runs; the spread-lengths comparison at batch 1 and 32 again, slow steps sampled; an
-# A/A control at batch 128 with each engine on cores of its own (NWOR_BENCH_PIN_CORES), beside
-# the first machine's unpinned one; then SCV at batch 128 on the same pinned settings.
+# The thirty-fifth session's third machine: what moves the A/A control at batch 128 (six
+# repetitions of two engines without speculation, each run's host probe and step times); then
+# the batch 1 and 32 comparison of the second machine again, for its run-to-run spread.
 stream0() {
-  export NWOR_BENCH_SLOW_STEP_MS=60
-  step scv_b1_b32_warm_switch scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 \
-    scv --reps 2 --load-multiple 4 --output-lens 64 192
-  export NWOR_BENCH_PIN_CORES=1
-  step scv_aa_b128_pinned scv_bench --batches 128 --policies no_spec no_spec_aa scv --reps 3 \
-    --load-multiple 4 --output-lens 64 192
-  step scv_b128_pinned scv_bench --batches 128 --policies no_spec fixed_k2 scv --reps 2 \
-    --load-multiple 4 --output-lens 64 192
-  unset NWOR_BENCH_SLOW_STEP_MS NWOR_BENCH_PIN_CORES
+  step scv_aa_b128_host scv_bench --batches 128 --policies no_spec no_spec_aa --reps 6 \
+    --workloads uniform_L1.5 --load-multiple 4 --output-lens 64 192
+  step scv_b1_b32_again scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
+    --reps 2 --load-multiple 4 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)
