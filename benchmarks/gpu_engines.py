@@ -421,14 +421,15 @@ step that runs longer (:func:`sample_slow_steps`)."""
 
 
 def sample_slow_steps(llm, threshold: float, interval: float = 0.004, limit: int = 40,
-                      depth: int = 14) -> list[dict]:
+                      depth: int = 40) -> list[dict]:
     """Where every thread of this process is while an ``LLMEngine.step`` call has run longer
     than ``threshold`` seconds, sampled every ``interval`` seconds by a daemon thread (benchmark
     diagnostics: a one-time stall of 0.36-0.45 s came before SCV's first catch-up at batch 1,
     with no compile warning). The list fills with ``{"ms", "stacks"}`` for at most ``limit``
     such steps: ``stacks``, each distinct stack (its innermost ``depth`` frames, innermost
     first) with how many samples it was seen in, most first. A thread that waits for the GPU
-    shows where it waits; one that compiles shows the compiler."""
+    shows where it waits; one that compiles shows the compiler (at 14 frames an Inductor
+    compile hid its caller; thirty-fifth session)."""
     import collections
     import threading
     import traceback
