@@ -424,8 +424,9 @@ def sample_slow_steps(llm, threshold: float, interval: float = 0.004, limit: int
                       depth: int = 40) -> list[dict]:
     """Where every thread of this process is while an ``LLMEngine.step`` call has run longer
     than ``threshold`` seconds, sampled every ``interval`` seconds by a daemon thread (benchmark
-    diagnostics: a one-time stall of 0.36-0.45 s came before SCV's first catch-up at batch 1,
-    with no compile warning). The list fills with ``{"ms", "stacks"}`` for at most ``limit``
+    diagnostics: it found that the one-time stall of 0.36-0.45 s before SCV's first probe at
+    batch 1, with no compile warning, was Triton compiling a kernel of vLLM's drafter;
+    :func:`warm_every_chunk`). The list fills with ``{"ms", "stacks"}`` for at most ``limit``
     such steps: ``stacks``, each distinct stack (its innermost ``depth`` frames, innermost
     first) with how many samples it was seen in, most first. A thread that waits for the GPU
     shows where it waits; one that compiles shows the compiler (at 14 frames an Inductor
@@ -847,7 +848,8 @@ def pinned(configs: dict[str, dict]) -> dict[str, dict]:
     """The engines, each on an equal share of this process's CPU cores, contiguous, none
     shared. Benchmark diagnostics: at batch 128, where the step loop is bound by the host, two
     identical engines differed by up to 14% over three repetitions, and single runs by up to
-    30% (an A/A control, thirty-fifth session); slow runs took more CPU seconds."""
+    30% (an A/A control, thirty-fifth session); slow runs took more CPU seconds. Pinned, they
+    differed as much (``scv_aa_b128_pinned_2026-11-24_h200.json``)."""
     cores = sorted(os.sched_getaffinity(0))
     share = len(cores) // len(configs)
     if share < 1:
