@@ -144,7 +144,10 @@ def main() -> None:
                     "tok_s_by_rep": {name: [round(v, 1) for v in values]
                                      for name, values in by_rep.items()}, "drafted": {
                     name: sum(r["drafted"] for r in rs) for name, rs in runs.items()},
-                    "engine_core_process": args.engine_core_process}
+                    "engine_core_process": args.engine_core_process,
+                    # each run's engine steps: how many, median and trimmed mean, in ms
+                    "step_ms_by_rep": {name: [r.get("step_ms") for r in rs]
+                                       for name, rs in runs.items()}}
                 if "no_spec" in runs:  # greedy: drafts never verified means the same tokens
                     row["same_tokens_as_no_spec"] = {
                         name: round(agreement(rs[0]["tokens"], runs["no_spec"][0]["tokens"])[0], 5)

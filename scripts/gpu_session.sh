@@ -23,14 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fifth session's third machine: what moves the A/A control at batch 128 (six
-# repetitions of two engines without speculation, each run's host probe and step times); then
-# the batch 1 and 32 comparison of the second machine again, for its run-to-run spread.
+# The thirty-fifth session's fourth machine: at batch 1 SCV's plain steps took 0.26-0.32 ms
+# more than plain decoding's (median 4.97-5.03 against 4.71 ms, scv_warm_switch_again): SCV
+# adaptive against SCV held at chunk 0 and no speculation, each run's step times.
 stream0() {
-  step scv_aa_b128_host scv_bench --batches 128 --policies no_spec no_spec_aa --reps 6 \
-    --workloads uniform_L1.5 --load-multiple 4 --output-lens 64 192
-  step scv_b1_b32_again scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
-    --reps 2 --load-multiple 4 --output-lens 64 192
+  step scv_chunk0_b1 scv_step_profile --batches 1 --engines no_spec scv scv_chunk0 --reps 3 \
+    --no-profile
 }
 
 gpus=$(nvidia-smi -L | wc -l)
