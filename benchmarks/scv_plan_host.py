@@ -11,19 +11,28 @@ drafts' verdicts drawn at the workload's acceptance and its duration from a step
 
 Two ways are compared in one run, alternating by repetition: ``search`` (every step that
 the bound by budget alone does not settle searches the plans, as before 2026-11-23) and
-``bounded`` (``choose_sizes``' early exit by request, ``scv._drafts_can_win``). The result
-has each one's median microseconds per step, their ratio, and whether their choices were the
-same (they must be: the bound only skips searches that return chunk 0).
+``bounded`` (``choose_sizes``' early exit by request, ``scv._drafts_can_win``). With
+``--against REV`` the two are instead the policy module as it was at git revision ``REV``
+and as it is now, both bounded: a change meant to cut the policy's host time, measured. The
+result has each one's median microseconds per step, their ratio, and whether their choices
+were the same. ``--cost b1_l15`` drives the fit SCV made at batch 1, uniform L=1.5, on the
+H200 (``scv_warm_switch_again_2026-11-24_h200.json``), where the plain step was bound by
+host time and the policy searched every step.
 
     PYTHONPATH=src .venv/bin/python benchmarks/scv_plan_host.py --result F.json
+    PYTHONPATH=src .venv/bin/python benchmarks/scv_plan_host.py --against HEAD~1 \
+        --batches 1 32 128 --cost b1_l15 --result F.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -33,30 +42,50 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import environment, write_result  # noqa: E402
 from scv_sim import WORKLOADS  # noqa: E402
 from vllm_nwor import scv  # noqa: E402
-from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk, StepCost  # noqa: E402
+from vllm_nwor.scv import StepCost  # noqa: E402
 
-H200_B256_L3 = StepCost(4.595e-3, 2.3e-5, 0.0, 5e-6, 4.78e-3, 1.784e-3, 7.483e-3, 0.0,
-                        0.0, 5e-6, 0.0, 0.0)
+COSTS = {
+    "b256_l3": StepCost(4.595e-3, 2.3e-5, 0.0, 5e-6, 4.78e-3, 1.784e-3, 7.483e-3, 0.0,
+                        0.0, 5e-6, 0.0, 0.0),
+    "b1_l15": StepCost(4.824e-3, 1.985e-5, 1.213e-3, 0.0, 0.0, 0.0, 7.744e-4, 1.133e-7,
+                       0.0, 0.0, 0.0, 0.0),
+}
+H200_B256_L3 = COSTS["b256_l3"]
+
+
+def module_at(revision: str):
+    """``vllm_nwor.scv`` as it was at git ``revision``, loaded as a module of its own."""
+    source = subprocess.run(["git", "show", f"{revision}:src/vllm_nwor/scv.py"], check=True,
+                            capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+    path = os.path.join(tempfile.mkdtemp(), "scv_at_revision.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("scv_at_revision", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
 
 
 def drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int = 0,
-          request_bound: bool = True):
+          request_bound: bool = True, module=scv):
     """Seconds of the policy's work per step (plan, observe, observe_step; not the drawing of
     verdicts), after a warm-up, and its budget counts; without ``request_bound``, the early
-    exit by request is switched off (``search``)."""
-    bound = scv._drafts_can_win
+    exit by request is switched off (``search``). ``module``: the policy's module."""
+    bound = module._drafts_can_win
     if not request_bound:
-        scv._drafts_can_win = lambda *args: True
+        module._drafts_can_win = lambda *args: True
     try:
-        return _drive(rates, batch, steps, cost, seed)
+        return _drive(rates, batch, steps, module.StepCost(*cost), seed, module)
     finally:
-        scv._drafts_can_win = bound
+        module._drafts_can_win = bound
 
 
-def _drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int):
-    policy = ChunkPolicy(ScvSettings(mode="adaptive", max_chunk=8, probe_interval=16,
-                                     acceptance_window=16, max_graph_tokens=512,
-                                     lazy_draft_sync=True), seed=seed)
+def _drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int, module=scv):
+    policy = module.ChunkPolicy(module.ScvSettings(
+        mode="adaptive", max_chunk=8, probe_interval=16, acceptance_window=16,
+        max_graph_tokens=512, lazy_draft_sync=True), seed=seed)
     rng = np.random.default_rng(seed)
     made = 0
 
@@ -81,7 +110,7 @@ def _drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int
             if size:
                 draws = rng.random(size) < running[r]
                 accepted = size if draws.all() else int(np.argmin(draws))  # leading successes
-                verdicts.append(SpecChunk(r, tuple(range(size)), 0, accepted))
+                verdicts.append(module.SpecChunk(r, tuple(range(size)), 0, accepted))
         start = time.perf_counter()
         policy.observe(verdicts)
         budget, verified = policy.draft_budget(), sum(plan.values())
@@ -109,29 +138,38 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cost", choices=sorted(COSTS), default="b256_l3")
+    parser.add_argument("--against", metavar="REV",
+                        help="compare the policy at this git revision with the one now")
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
-    ways = {"search": False, "bounded": True}  # the request bound
+    cost = COSTS[args.cost]
+    if args.against:  # (name, module, request bound)
+        ways = {args.against: (module_at(args.against), True), "now": (scv, True)}
+    else:
+        ways = {"search": (scv, False), "bounded": (scv, True)}
+    first, second = ways
     cells = []
     for name, rates in WORKLOADS.items():
         for batch in args.batches:
             times = {w: [] for w in ways}
             counts = {}
             for rep in range(args.reps):
-                for way, request_bound in ways.items():  # alternating
-                    t, counts[way] = drive(rates, batch, args.steps, H200_B256_L3, seed=rep,
-                                           request_bound=request_bound)
+                for way, (module, request_bound) in ways.items():  # alternating
+                    t, counts[way] = drive(rates, batch, args.steps, cost, seed=rep,
+                                           request_bound=request_bound, module=module)
                     times[way] += t
             us = {w: round(statistics.median(t) * 1e6, 1) for w, t in times.items()}
             cells.append({"workload": name, "batch": batch, "median_us_per_step": us,
-                          "bounded_over_search": round(us["bounded"] / us["search"], 3),
-                          "same_choices": counts["search"] == counts["bounded"],
-                          "budget_counts": counts["bounded"]})
+                          f"{second}_over_{first}": round(us[second] / us[first], 3),
+                          "same_choices": counts[first] == counts[second],
+                          "budget_counts": counts[second]})
             print(cells[-1], flush=True)
     write_result(args.result, {
         **environment(), "benchmark": "scv_plan_host",
         "workload": {"steps": args.steps, "reps": args.reps, "output_len": 128,
-                     "cost": H200_B256_L3._asdict(), "rates": WORKLOADS},
+                     "cost": {"name": args.cost, **cost._asdict()}, "rates": WORKLOADS,
+                     "compared": list(ways)},
         "cells": cells})
 
 

@@ -181,6 +181,10 @@ def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
     bound = plan_host.scv._drafts_can_win
     search = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, request_bound=False)
     assert search[1] == counts and plan_host.scv._drafts_can_win is bound  # put back
+    committed = plan_host.module_at("HEAD")  # --against: the policy as committed, apart
+    assert committed.ChunkPolicy is not plan_host.scv.ChunkPolicy
+    times, counts = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, module=committed)
+    assert len(times) == 150 and sum(counts) == 200
 
 
 def test_overhead_cell_keeps_every_repetition():
