@@ -23,12 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-fifth session's fourth machine: at batch 1 SCV's plain steps took 0.26-0.32 ms
-# more than plain decoding's (median 4.97-5.03 against 4.71 ms, scv_warm_switch_again): SCV
-# adaptive against SCV held at chunk 0 and no speculation, each run's step times.
+# The thirty-sixth session: the cost model prices a plan run step after step (each step fitted
+# to its own terms and the next step's: an interval between outputs holds much of the next
+# step's preparation), and the policy plans at batch 1 in 0.4x the host time. The spread-lengths
+# comparison at batch 1 and 32 (as scv_warm_switch), then batch 128, then SCV's plain steps.
 stream0() {
-  step scv_chunk0_b1 scv_step_profile --batches 1 --engines no_spec scv scv_chunk0 --reps 3 \
-    --no-profile
+  step scv_b1_b32_lead scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
+    --reps 2 --load-multiple 4 --output-lens 64 192
+  step scv_b128_lead scv_bench --batches 128 --policies no_spec fixed_k2 scv --reps 2 \
+    --load-multiple 4 --output-lens 64 192
+  step scv_chunk0_b1_lead scv_step_profile --batches 1 --engines no_spec scv scv_chunk0 \
+    --reps 3 --no-profile
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -332,6 +332,19 @@ class StepCostModel:
     budgets, chunk sizes mixed or uniform), and later it keeps exploring now and then (see
     :class:`ChunkPolicy`), so that the terms stay told apart.
 
+    A step's time is the interval between its output and the previous one's (the scheduler
+    patch), and with async scheduling the host prepares and launches the next step before it
+    takes a step's output: where the host is what bounds the engine (batch 1 on the H200), an
+    interval holds much of the next step's preparation. There the plain step before a shared
+    probe took 8.6-9.1 ms, the probe 4.7-6.0 and the step verifying it 3.8, against 4.95 for
+    a plain step; fitted to each step's own terms, a step verifying one draft and drafting
+    one, 7.3 ms when one followed another, was priced at 6.6 (1.32x a plain step, not 1.47x),
+    and at L=1.5 SCV drafted where plain decoding was faster
+    (``scv_warm_switch_again_2026-11-24_h200.json``). So each step is fitted to its own terms
+    and the next step's (every term but the fixed one, twice; a step's row waits for the next
+    step), and a plan is priced as the sum of both, what it costs an engine that runs it step
+    after step. Where the GPU bounds the step, the next step's terms fit near 0.
+
     The fit is by non-negative least squares (each slope of the cost per token too, so that it
     can only fall where the steps say it does), every ``refit_interval`` steps, with three Huber
     reweightings so that a rare slow step (a draft catch-up, a pause of the host) does not move
@@ -348,10 +361,13 @@ class StepCostModel:
         self.window = window
         self.min_steps = min_steps
         self.refit_interval = refit_interval
-        # by (band, budget): x, y (a ring of the last `window` steps), and steps observed
+        # by (band, budget): x (a step's terms, then the next step's but the fixed one), y (a
+        # ring of the last `window` steps), and steps observed
         self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._counts: dict[tuple[int, int], int] = {}
         self._band_counts: dict[int, int] = {}  # by band: steps observed
+        self._pending: tuple | None = None  # the last step: (key, its terms, seconds)
+        self._theta = np.zeros(2 * len(StepCost._fields) - 1)  # the fit, as fitted
         self._cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._fits = self._since_fit = 0
         self._fixed = None
@@ -366,20 +382,31 @@ class StepCostModel:
 
     def observe(self, requests: int, tokens: int, budget: int, seconds: float,
                 off_graph: bool = False, caught_up: int = 0) -> None:
+        """One step, right after the one observed before it (else :meth:`interrupt` first):
+        that one's row is complete now."""
         if seconds <= 0 or tokens <= 0 or self._fixed is not None:
+            self._pending = None
             return
-        band = concurrency_band(requests)
-        key = (band, int(budget))
+        terms = cost_features(requests, tokens, budget, off_graph, caught_up)
+        pending, self._pending = self._pending, ((concurrency_band(requests), int(budget)),
+                                                 terms, seconds)
+        if pending is None:
+            return
+        key, own, seconds = pending
         if key not in self._rows:
-            self._rows[key] = (np.zeros((self.window, len(StepCost._fields))),
-                               np.zeros(self.window))
+            self._rows[key] = (np.zeros((self.window, len(self._theta))), np.zeros(self.window))
         x, y = self._rows[key]
         row = self._counts.get(key, 0) % self.window
-        x[row] = cost_features(requests, tokens, budget, off_graph, caught_up)
+        x[row, :len(own)], x[row, len(own):] = own, terms[1:]
         y[row] = seconds
         self._counts[key] = self._counts.get(key, 0) + 1
-        self._band_counts[band] = self._band_counts.get(band, 0) + 1
+        self._band_counts[key[0]] = self._band_counts.get(key[0], 0) + 1
         self._since_fit += 1
+
+    def interrupt(self) -> None:
+        """The next step observed will not follow the last one (a step between them was not
+        observed): the last one's row is dropped."""
+        self._pending = None
 
     def ready(self, requests: int) -> bool:
         """Whether the steps seen price steps of ``requests`` requests (see the class)."""
@@ -416,7 +443,7 @@ class StepCostModel:
         # to 0 after a window without drafts (drafting looked free) or traded the fixed cost
         # against the per-token one, and the singular columns made the solves fall back to
         # lstsq.
-        last = np.array(self._cost)
+        last = self._theta.copy()
         varies = x.std(axis=0) > 0
         varies[0] = True  # the fixed cost (a column of ones) is always fitted
         y = y - x[:, ~varies] @ last[~varies]
@@ -430,7 +457,10 @@ class StepCostModel:
             theta = nonnegative_least_squares(
                 x, y, np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12)))
         last[varies] = theta
-        self._cost = StepCost(*(float(v) for v in last))
+        self._theta = last
+        fields = len(StepCost._fields)  # a plan step after step: its terms and the next's
+        self._cost = StepCost(float(last[0]), *(float(a + b) for a, b in zip(
+            last[1:fields], last[fields:], strict=True)))
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,

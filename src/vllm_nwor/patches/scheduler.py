@@ -232,6 +232,8 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
                             now - max(scheduled, previous), uniform=min(tokens) == max(tokens),
                             learning=learning, caught_up=caught_up, verified=sum(
                                 map(len, scheduler_output.scheduled_spec_decode_tokens.values())))
+    else:  # the cost model pairs each step with the next: this one is not there
+        policy.cost.interrupt()
 
 
 PATCHES = [
