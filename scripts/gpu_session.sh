@@ -23,17 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-sixth session: the cost model prices a plan run step after step (each step fitted
-# to its own terms and the next step's: an interval between outputs holds much of the next
-# step's preparation), and the policy plans at batch 1 in 0.4x the host time. The spread-lengths
-# comparison at batch 1 and 32 (as scv_warm_switch), then batch 128, then SCV's plain steps.
+# The thirty-sixth session's second machine: at batch 1 the drafting engines' steps are bound
+# by the host, whose speed moved by 2x between runs (host probe 3.5-7.8 ms); SCV's drafting
+# steps took longer than fixed k=2's of the same shape. SCV held at chunk 2 against fixed k=2
+# (the same steps, SCV's machinery the difference), four repetitions; then where the host time
+# of SCV's and fixed k=4's steps goes (cProfile, torch profiler).
 stream0() {
-  step scv_b1_b32_lead scv_bench --batches 1 32 --policies no_spec fixed_k2 fixed_k4 scv \
-    --reps 2 --load-multiple 4 --output-lens 64 192
-  step scv_b128_lead scv_bench --batches 128 --policies no_spec fixed_k2 scv --reps 2 \
-    --load-multiple 4 --output-lens 64 192
-  step scv_chunk0_b1_lead scv_step_profile --batches 1 --engines no_spec scv scv_chunk0 \
-    --reps 3 --no-profile
+  step scv_b1_fixed2 scv_bench --batches 1 --policies no_spec fixed_k2 scv_fixed2 scv \
+    --workloads uniform_L1.5 uniform_L3 --reps 4 --load-multiple 4 --output-lens 64 192
+  step scv_b1_profile scv_step_profile --batches 1 --engines fixed_k4 scv --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
