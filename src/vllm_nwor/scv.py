@@ -905,8 +905,8 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     if n == 1:  # every plan of one request is uniform: the search above was all of them
         return np.array(best, dtype=int)
     # The requests whose rate reaches a quantile of the batch's (0, 1/4, 1/2, 3/4, 7/8) are
-    # those whose rate reaches the order statistic at or above it (np.quantile's own work
-    # was a fifth of a step's planning at batch 1).
+    # those whose rate reaches the order statistic at or above it (np.quantile took a fifth
+    # of the planning's host time).
     floors = np.unique(np.sort(a)[np.ceil((n - 1) * QUANTILES).astype(int)])
     tokens_per_second = float(uniform_value[max_chunk])
     tokens_in = n * (1 + max_chunk)  # the plan whose rate tokens_per_second is
