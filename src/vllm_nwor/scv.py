@@ -635,6 +635,7 @@ class ChunkPolicy:
         time; nothing is saved beyond that (no burst of learning steps after a quiet
         spell)."""
         if seconds <= 0:
+            self.cost.interrupt()  # no step to pair the last one with
             return
         graphs = self.settings.max_graph_tokens
         on_graph = on_full_graph(uniform, tokens, graphs, self.settings.mixed_graphs)

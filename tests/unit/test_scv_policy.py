@@ -471,6 +471,10 @@ def test_a_step_is_paired_only_with_the_step_right_after_it():
     assert model.steps == 0
     model.observe(1, 2, 1, 0.007)
     assert model.steps == 1
+    policy = ChunkPolicy(ScvSettings("adaptive", K, 16, acceptance_window=16), model)
+    policy.observe_step(1, 1, 0, 0.0, verified=0)  # no time measured: not a step either
+    policy.observe_step(1, 1, 0, 0.005, verified=0)
+    assert model.steps == 1
 
 
 def test_nonnegative_least_squares_finds_the_best_support():
