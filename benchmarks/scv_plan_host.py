@@ -58,13 +58,14 @@ def module_at(revision: str):
     source = subprocess.run(["git", "show", f"{revision}:src/vllm_nwor/scv.py"], check=True,
                             capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout
-    path = os.path.join(tempfile.mkdtemp(), "scv_at_revision.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("scv_at_revision", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (dataclasses look their module up)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "scv_at_revision.py")
+        with open(path, "w") as f:
+            f.write(source)
+        spec = importlib.util.spec_from_file_location("scv_at_revision", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # (dataclasses look their module up)
+        spec.loader.exec_module(module)
     return module
 
 
