@@ -1,9 +1,11 @@
-"""Where a speculative step's time goes when SCV verifies nothing: a diagnostic, one GPU.
+"""Where a speculative step's time goes, engine by engine: a diagnostic, one GPU.
 
-Engines side by side (``--engines``), all with async scheduling, on the uniform L=1.5 workload
-(per-request synthetic acceptance, as in ``scv_bench.py``): no speculation, fixed k=4, SCV
-adaptive, and SCV held at chunk 0 by a given cost model (``scv_cost_model``: verification priced
-far above its worth, probes rare), which isolates the spec path's floor from SCV's choices.
+Engines side by side (``--engines``), all with async scheduling, on a uniform workload (L=1.5
+by default, ``--acceptance-length``; per-request synthetic acceptance, as in ``scv_bench.py``):
+no speculation, fixed k=4 and k=8, SCV adaptive, SCV held at its largest chunk (8: SCV's
+machinery without its choices, ``scv_fixed``), and SCV held at chunk 0 by a given cost model
+(``scv_cost_model``: verification priced far above its worth, probes rare), which isolates the
+spec path's floor from SCV's choices.
 ``vllm_k0`` is vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``),
 with no plugin feature on: the same floor without the plugin; ``vllm_ngram_k0`` is that with
 ngram_gpu, whose drafter runs no model. ``no_spec_v1`` is no speculation on vLLM's V1 model
@@ -56,7 +58,8 @@ PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 100
 
 CHUNK0_PARTS = ("plan", "record", "telemetry")
 """The plugin's host work of a chunk-0 step, each left out by its own engine."""
-ENGINES = ("no_spec", "no_spec_v1", "fixed_k4", "scv", "scv_chunk0", "scv_chunk0_bare",
+ENGINES = ("no_spec", "no_spec_v1", "fixed_k4", "fixed_k8", "scv", "scv_fixed", "scv_chunk0",
+           "scv_chunk0_bare",
            *(f"scv_chunk0_no_{part}" for part in CHUNK0_PARTS), "vllm_k0", "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
 
@@ -65,14 +68,16 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
     out = {}
     for name in names:
-        policy = "scv" if name.startswith("scv_chunk0") else {"no_spec_v1": "no_spec"}.get(
-            name, "fixed_k8" if name.startswith("vllm_") else name)
+        policy = "scv" if name.startswith(("scv_chunk0", "scv_fixed")) else {
+            "no_spec_v1": "no_spec"}.get(name, "fixed_k8" if name.startswith("vllm_") else name)
         out[name] = engine_kwargs(policy, target, draft, max_batch, share)
         if name == "no_spec_v1":  # the model runner every draft_model/ngram engine gets
             out[name][ENV_KEY] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
         speculative = out[name].get("speculative_config")
         if name.startswith("scv_chunk0"):
             out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}
+        if name == "scv_fixed":
+            out[name]["speculative_config"] = {**speculative, "scv": "fixed"}
         if name.startswith("scv_chunk0_"):  # without (some of) the plugin's own host work
             left_out = CHUNK0_PARTS if name.endswith("_bare") else (name.rsplit("_", 1)[1],)
             if "telemetry" in left_out:
@@ -91,8 +96,9 @@ def configs(target: str, draft: str, max_batch: int, share: float,
 
 def merge(jsonl: Path, result: Path) -> None:
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    length = records[0].get("acceptance_length", 1.5) if records else 1.5
     payload = {**recorded_environment(jsonl), "benchmark": "scv_step_profile",
-               "workload": {"acceptance": "uniform L=1.5 at k=4 (per-request synthetic)",
+               "workload": {"acceptance": f"uniform L={length:g} at k=4 (per-request synthetic)",
                             "load": "steady, 2 x batch requests, batch in flight",
                             "prompt_len": 128, "async_scheduling": "on for every engine",
                             "scv_chunk0": PINNED_AT_ZERO},
@@ -109,6 +115,8 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--reps", type=int, default=2,
                         help="runs per engine and batch, alternating (the median is reported)")
+    parser.add_argument("--acceptance-length", type=float, default=1.5,
+                        help="every request's mean acceptance length at k=4 (synthetic)")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-batches", type=int, nargs="+", default=[1],
                         help="requests in flight in each profiled run (2x as many served)")
@@ -119,7 +127,7 @@ def main() -> None:
     if args is None:
         return
     args.no_profile |= args.engine_core_process
-    rate = rate_for_length(1.5, REFERENCE_K)
+    rate = rate_for_length(args.acceptance_length, REFERENCE_K)
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         engines = start_engines(configs(target, draft, max(args.batches),
@@ -139,7 +147,7 @@ def main() -> None:
                                                batch).items():
                         runs[name].append(run)
                 by_rep = {name: [tokens_per_second(r) for r in rs] for name, rs in runs.items()}
-                row = {"batch": batch, "tok_s": {
+                row = {"batch": batch, "acceptance_length": args.acceptance_length, "tok_s": {
                     name: round(statistics.median(values), 1) for name, values in by_rep.items()},
                     "tok_s_by_rep": {name: [round(v, 1) for v in values]
                                      for name, values in by_rep.items()}, "drafted": {
@@ -160,6 +168,7 @@ def main() -> None:
                 for name, engine in engines.items():
                     run = engine.profile(batch_prompts, extra, batch)
                     record = {"profile": name, "batch": batch,
+                              "acceptance_length": args.acceptance_length,
                               "tok_s": round(tokens_per_second(run), 1),
                               "gpu_busy": run["gpu_busy"], "tables": run["profile"]}
                     print(name, batch, record["tok_s"], run["gpu_busy"], flush=True)

@@ -23,15 +23,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-sixth session's second machine: at batch 1 the drafting engines' steps are bound
-# by the host, whose speed moved by 2x between runs (host probe 3.5-7.8 ms); SCV's drafting
-# steps took longer than fixed k=2's of the same shape. SCV held at chunk 2 against fixed k=2
-# (the same steps, SCV's machinery the difference), four repetitions; then where the host time
-# of SCV's and fixed k=4's steps goes (cProfile, torch profiler).
+# The thirty-seventh session: at batch 1 SCV adaptive's budget-8 steps took 15-25 ms in the
+# measured runs (L=4, and the mix's fully accepting requests) against 10 ms for the same steps in
+# its warm-up (SCV fixed, every draft accepted). Fixed k=4 and k=8, SCV held at chunk 8, and
+# SCV adaptive side by side at L=4, with torch profiler and cProfile tables of each.
 stream0() {
-  step scv_b1_fixed2 scv_bench --batches 1 --policies no_spec fixed_k2 scv_fixed2 scv \
-    --workloads uniform_L1.5 uniform_L3 --reps 4 --load-multiple 4 --output-lens 64 192
-  step scv_b1_profile scv_step_profile --batches 1 --engines fixed_k4 scv --reps 2
+  step scv_b1_L4_profile scv_step_profile --batches 1 --acceptance-length 4 \
+    --engines fixed_k4 fixed_k8 scv_fixed scv --reps 4
 }
 
 gpus=$(nvidia-smi -L | wc -l)
