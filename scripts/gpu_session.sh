@@ -23,13 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-seventh session: at batch 1 SCV adaptive's budget-8 steps took 15-25 ms in the
-# measured runs (L=4, and the mix's fully accepting requests) against 10 ms for the same steps in
-# its warm-up (SCV fixed, every draft accepted). Fixed k=4 and k=8, SCV held at chunk 8, and
-# SCV adaptive side by side at L=4, with torch profiler and cProfile tables of each.
+# The thirty-seventh session, second machine: the drafting engines' step time at batch 1 moved
+# by up to 2x between runs and within one (a budget-2 step from 6 to 11 ms, and it stayed).
+# Where the engine's threads ran and what else kept their CPUs busy, run by run, with the
+# process free and pinned to one CPU per physical core.
 stream0() {
-  step scv_b1_L4_profile scv_step_profile --batches 1 --acceptance-length 4 \
-    --engines fixed_k4 fixed_k8 scv_fixed scv --reps 4
+  step host_noise host_noise --policy fixed_k4 --length 3 --runs 24
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -41,9 +41,9 @@ case "$what" in
     log="${STEP:-gpu-tests}"
     python3 -m pytest -q -p no:cacheprovider -rs -s --junitxml="$out/$log.xml" "$@" 2>&1 \
       | tee "$out/$log.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
-  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host)
+  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
     python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
 esac

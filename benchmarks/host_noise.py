@@ -1,0 +1,192 @@
+"""Why a host-bound engine's step time moves by up to 2x between runs: a diagnostic, one GPU.
+
+At batch 1 the speculative engines' steps are bound by the host (GPU busy 35-48% with fixed
+k=4 and 8, ``scv_b1_L4_profile_2026-11-24_h200.json``), and their median step moved by up to
+2x between repetitions of the same engine and workload, in both directions, while plain
+decoding's (GPU-bound) did not move; within one run a budget-2 step went from 5.5-6.3 ms to
+11.2-11.6 ms and stayed there (``scv_b1_k8_2026-11-24_h200.json``). That is the noise every
+batch-1 comparison of SCV with fixed k carries.
+
+This runs one fixed-k engine in this process (the engine core in-process, as the benchmarks
+do) on one request at a time, many short runs, and a sampler process beside it that reads,
+every 20 ms, which CPU each of the engine's threads last ran on and its CPU time
+(``/proc/<pid>/task/*/stat``), and every CPU's busy time (``/proc/stat``). For each run it
+reports the step time, the CPU the main thread sat on most, how busy that CPU's SMT siblings
+were, and the engine's threads that used more than 5% of a CPU. Runs alternate between the
+process free to run on any CPU and the process pinned to one CPU per physical core whose
+siblings it leaves out (``--pin``), so that the two can be compared run by run.
+
+    python benchmarks/host_noise.py --jsonl $OUT/host_noise.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import append_jsonl  # noqa: E402
+from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
+from scv_bench import engine_kwargs  # noqa: E402
+
+SAMPLE_SECONDS = 0.02
+
+
+def siblings() -> dict[int, list[int]]:
+    """Each CPU's SMT siblings (itself left out); empty lists where the kernel says none."""
+    out = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        text = path.read_text().strip() if path.exists() else str(cpu)
+        members = set()
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            members.update(range(int(low), int(high or low) + 1))
+        out[cpu] = sorted(members - {cpu})
+    return out
+
+
+def one_per_core(topology: dict[int, list[int]]) -> list[int]:
+    """One CPU of each physical core (the lowest-numbered)."""
+    return sorted({min([cpu, *others]) for cpu, others in topology.items()})
+
+
+def _cpu_busy() -> dict[int, float]:
+    busy = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *fields = line.split()
+                values = list(map(int, fields))
+                busy[int(name[3:])] = sum(values) - values[3] - values[4]  # less idle, iowait
+    return busy
+
+
+def _threads(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread: (CPU it last ran on, utime + stime in ticks)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[36]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def sampler(pid: int, conn) -> None:
+    """Samples until told to stop; then sends the samples: (time, CPU busy ticks, threads)."""
+    samples = []
+    while not conn.poll(SAMPLE_SECONDS):
+        samples.append((time.time(), _cpu_busy(), _threads(pid)))
+    conn.send(samples)
+
+
+def summarize(samples: list, start: float, end: float, main_tid: int,
+              topology: dict[int, list[int]]) -> dict:
+    window = [s for s in samples if start <= s[0] <= end]
+    if len(window) < 2:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = window[-1][0] - window[0][0]
+    main_cpus = [s[2][main_tid][0] for s in window if main_tid in s[2]]
+    main_cpu = statistics.mode(main_cpus) if main_cpus else -1
+    first, last = window[0][1], window[-1][1]
+    busy = {cpu: (last[cpu] - first.get(cpu, 0)) / tick / seconds for cpu in last}
+    threads = {tid: (window[-1][2][tid][1] - window[0][2].get(tid, (0, 0))[1]) / tick / seconds
+               for tid in window[-1][2]}
+    return {"main_cpu": main_cpu, "main_cpu_changes": sum(
+                a != b for a, b in zip(main_cpus, main_cpus[1:], strict=False)),
+            "main_cpu_busy": round(busy.get(main_cpu, 0.0), 2),
+            "sibling_busy": [round(busy.get(c, 0.0), 2) for c in topology.get(main_cpu, [])],
+            "cpus_busy_over_half": sorted(c for c, b in busy.items() if b > 0.5),
+            "busy_threads": {("main" if tid == main_tid else str(tid)): round(share, 2)
+                             for tid, share in threads.items() if share > 0.05}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jsonl", required=True)
+    parser.add_argument("--policy", default="fixed_k4")
+    parser.add_argument("--length", type=float, default=3.0,
+                        help="mean acceptance length at k=4 (synthetic)")
+    parser.add_argument("--runs", type=int, default=24)
+    parser.add_argument("--output-len", type=int, default=192)
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    topology = siblings()
+    pinned = one_per_core(topology)
+    free = sorted(os.sched_getaffinity(0))
+    header = {"topology": {str(c): s for c, s in topology.items()}, "pinned_cpus": pinned,
+              "os_cpu_count": os.cpu_count(), "policy": args.policy, "length": args.length}
+    print(json.dumps(header), flush=True)
+    append_jsonl(args.jsonl, header)
+    with tempfile.TemporaryDirectory() as root:
+        target, draft = write_models(Path(root))
+        kwargs = engine_kwargs(args.policy, target, draft, 4, 0.5)
+        llm = LLM(**kwargs)
+        rate = rate_for_length(args.length, 4)
+        params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
+                                extra_args={"synthetic_acceptance_rate": rate})
+        core = llm.llm_engine.engine_core.engine_core
+        steps = [0]
+        step = core.step_fn
+
+        def counted(*a, **k):
+            steps[0] += 1
+            return step(*a, **k)
+
+        core.step_fn = counted
+        for seed in range(3):  # warm-up
+            llm.generate([{"prompt_token_ids": prompts(1, seed)[0]}], params, use_tqdm=False)
+        context = mp.get_context("spawn")
+        conn, child = context.Pipe()
+        process = context.Process(target=sampler, args=(os.getpid(), child), daemon=True)
+        process.start()
+        marks = []
+        for run in range(args.runs):
+            cpus = pinned if run % 2 else free
+            os.sched_setaffinity(0, cpus)
+            for tid in map(int, os.listdir("/proc/self/task")):
+                try:
+                    os.sched_setaffinity(tid, cpus)
+                except OSError:
+                    pass
+            steps[0] = 0
+            start = time.time()
+            out = llm.generate([{"prompt_token_ids": prompts(1, 100 + run)[0]}], params,
+                               use_tqdm=False)
+            end = time.time()
+            marks.append((run, "pinned" if run % 2 else "free", start, end, steps[0],
+                          len(out[0].outputs[0].token_ids)))
+        conn.send("stop")
+        samples = conn.recv()
+        process.join(timeout=10)
+        main_tid = os.getpid()
+        by_mode = {}
+        for run, mode, start, end, n, tokens in marks:
+            row = {"run": run, "mode": mode, "ms_per_step": round(1e3 * (end - start) / n, 3),
+                   "steps": n, "tok_s": round(tokens / (end - start), 1),
+                   **summarize(samples, start, end, main_tid, topology)}
+            by_mode.setdefault(mode, []).append(row["ms_per_step"])
+            print(json.dumps(row), flush=True)
+            append_jsonl(args.jsonl, row)
+        summary = {"summary": {mode: {"median_ms": statistics.median(v), "min_ms": min(v),
+                                      "max_ms": max(v)} for mode, v in by_mode.items()}}
+        print(json.dumps(summary), flush=True)
+        append_jsonl(args.jsonl, summary)
+
+
+if __name__ == "__main__":
+    main()
