@@ -14,7 +14,8 @@ every 20 ms, which CPU each of the engine's threads last ran on and its CPU time
 reports the step time, the CPU the main thread sat on most, how busy that CPU's SMT siblings
 were, and the engine's threads that used more than 5% of a CPU. Runs alternate between the
 process free to run on any CPU and the process pinned to one CPU per physical core whose
-siblings it leaves out (``--pin``), so that the two can be compared run by run.
+siblings it leaves out, or to the CPUs given (``--pin``), so that the two can be compared run
+by run.
 
     python benchmarks/host_noise.py --jsonl $OUT/host_noise.jsonl
 """
@@ -115,7 +116,9 @@ def summarize(samples: list, start: float, end: float, main_tid: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jsonl", required=True)
+    parser.add_argument("--jsonl", type=Path, required=True)
+    parser.add_argument("--pin", type=int, nargs="*",
+                        help="the CPUs of the pinned runs (default: one per physical core)")
     parser.add_argument("--policy", default="fixed_k4")
     parser.add_argument("--length", type=float, default=3.0,
                         help="mean acceptance length at k=4 (synthetic)")
@@ -126,7 +129,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     topology = siblings()
-    pinned = one_per_core(topology)
+    pinned = args.pin or one_per_core(topology)
     free = sorted(os.sched_getaffinity(0))
     header = {"topology": {str(c): s for c, s in topology.items()}, "pinned_cpus": pinned,
               "os_cpu_count": os.cpu_count(), "policy": args.policy, "length": args.length}

@@ -28,7 +28,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # Where the engine's threads ran and what else kept their CPUs busy, run by run, with the
 # process free and pinned to one CPU per physical core.
 stream0() {
-  step host_noise host_noise --policy fixed_k4 --length 3 --runs 24
+  step host_noise host_noise --policy fixed_k4 --length 3 --runs 24 --pin 2 3
 }
 
 gpus=$(nvidia-smi -L | wc -l)
