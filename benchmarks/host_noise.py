@@ -12,7 +12,9 @@ do) on one request at a time, many short runs, and a sampler process beside it t
 every 20 ms, which CPU each of the engine's threads last ran on and its CPU time
 (``/proc/<pid>/task/*/stat``), and every CPU's busy time (``/proc/stat``). For each run it
 reports the step time, the CPU the main thread sat on most, how busy that CPU's SMT siblings
-were, and the engine's threads that used more than 5% of a CPU. Runs alternate between the
+were, and the engine's threads and the machine's processes that used more than 5% of a CPU.
+``--idle-engines`` starts other engines first, each in a process of its own, and leaves them
+idle, as the benchmarks' engines wait while another runs. Runs alternate between the
 process free to run on any CPU and the process pinned to one CPU per physical core whose
 siblings it leaves out, or to the CPUs given (``--pin``), so that the two can be compared run
 by run.
@@ -84,12 +86,39 @@ def _threads(pid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
+def _processes() -> dict[int, int]:
+    """Every process's utime + stime in ticks."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(name)] = int(fields[11]) + int(fields[12])
+    return out
+
+
 def sampler(pid: int, conn) -> None:
-    """Samples until told to stop; then sends the samples: (time, CPU busy ticks, threads)."""
+    """Samples until told to stop; then sends the samples: (time, CPU busy ticks, threads,
+    processes)."""
     samples = []
     while not conn.poll(SAMPLE_SECONDS):
-        samples.append((time.time(), _cpu_busy(), _threads(pid)))
+        samples.append((time.time(), _cpu_busy(), _threads(pid), _processes()))
     conn.send(samples)
+
+
+def idle_engine(kwargs: dict, conn) -> None:
+    """Another engine in a process of its own, built and then left idle (as the benchmarks'
+    engines wait while another runs)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    llm = LLM(**kwargs)
+    conn.send("ready")
+    conn.recv()
+    del llm
 
 
 def summarize(samples: list, start: float, end: float, main_tid: int,
@@ -105,13 +134,17 @@ def summarize(samples: list, start: float, end: float, main_tid: int,
     busy = {cpu: (last[cpu] - first.get(cpu, 0)) / tick / seconds for cpu in last}
     threads = {tid: (window[-1][2][tid][1] - window[0][2].get(tid, (0, 0))[1]) / tick / seconds
                for tid in window[-1][2]}
+    processes = {pid: (window[-1][3][pid] - window[0][3].get(pid, 0)) / tick / seconds
+                 for pid in window[-1][3]}
     return {"main_cpu": main_cpu, "main_cpu_changes": sum(
                 a != b for a, b in zip(main_cpus, main_cpus[1:], strict=False)),
             "main_cpu_busy": round(busy.get(main_cpu, 0.0), 2),
             "sibling_busy": [round(busy.get(c, 0.0), 2) for c in topology.get(main_cpu, [])],
             "cpus_busy_over_half": sorted(c for c, b in busy.items() if b > 0.5),
             "busy_threads": {("main" if tid == main_tid else str(tid)): round(share, 2)
-                             for tid, share in threads.items() if share > 0.05}}
+                             for tid, share in threads.items() if share > 0.05},
+            "busy_processes": {str(pid): round(share, 2) for pid, share in processes.items()
+                               if share > 0.05}}
 
 
 def main() -> None:
@@ -123,6 +156,8 @@ def main() -> None:
     parser.add_argument("--length", type=float, default=3.0,
                         help="mean acceptance length at k=4 (synthetic)")
     parser.add_argument("--runs", type=int, default=24)
+    parser.add_argument("--idle-engines", nargs="*", default=[],
+                        help="policies of other engines, each in its own process, left idle")
     parser.add_argument("--output-len", type=int, default=192)
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -132,13 +167,23 @@ def main() -> None:
     pinned = args.pin or one_per_core(topology)
     free = sorted(os.sched_getaffinity(0))
     header = {"topology": {str(c): s for c, s in topology.items()}, "pinned_cpus": pinned,
-              "os_cpu_count": os.cpu_count(), "policy": args.policy, "length": args.length}
+              "os_cpu_count": os.cpu_count(), "policy": args.policy, "length": args.length,
+              "idle_engines": args.idle_engines, "engine_pid": os.getpid()}
     print(json.dumps(header), flush=True)
     append_jsonl(args.jsonl, header)
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
-        kwargs = engine_kwargs(args.policy, target, draft, 4, 0.5)
-        llm = LLM(**kwargs)
+        context = mp.get_context("spawn")
+        share = round(0.8 / (1 + len(args.idle_engines)), 3)
+        others = []
+        for policy in args.idle_engines:
+            conn, child = context.Pipe()
+            process = context.Process(target=idle_engine, args=(
+                engine_kwargs(policy, target, draft, 4, share), child), daemon=True)
+            process.start()
+            conn.recv()
+            others.append((conn, process))
+        llm = LLM(**engine_kwargs(args.policy, target, draft, 4, share))
         rate = rate_for_length(args.length, 4)
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                                 extra_args={"synthetic_acceptance_rate": rate})
@@ -153,7 +198,6 @@ def main() -> None:
         core.step_fn = counted
         for seed in range(3):  # warm-up
             llm.generate([{"prompt_token_ids": prompts(1, seed)[0]}], params, use_tqdm=False)
-        context = mp.get_context("spawn")
         conn, child = context.Pipe()
         process = context.Process(target=sampler, args=(os.getpid(), child), daemon=True)
         process.start()
@@ -189,6 +233,8 @@ def main() -> None:
                                       "max_ms": max(v)} for mode, v in by_mode.items()}}
         print(json.dumps(summary), flush=True)
         append_jsonl(args.jsonl, summary)
+        for other, _ in others:
+            other.send("stop")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,11 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # The thirty-seventh session, second machine: the drafting engines' step time at batch 1 moved
 # by up to 2x between runs and within one (a budget-2 step from 6 to 11 ms, and it stayed).
 # Where the engine's threads ran and what else kept their CPUs busy, run by run, with the
-# process free and pinned to one CPU per physical core.
+# process free and pinned to two CPUs; then with three other engines idle in their own processes.
 stream0() {
   step host_noise host_noise --policy fixed_k4 --length 3 --runs 24 --pin 2 3
+  step host_noise_idle3 host_noise --policy fixed_k4 --length 3 --runs 24 --pin 2 3 \
+    --idle-engines no_spec fixed_k8 scv
 }
 
 gpus=$(nvidia-smi -L | wc -l)
