@@ -12,12 +12,13 @@ do) on one request at a time, many short runs, and a sampler process beside it t
 every 20 ms, which CPU each of the engine's threads last ran on and its CPU time
 (``/proc/<pid>/task/*/stat``), and every CPU's busy time (``/proc/stat``). For each run it
 reports the step time, the CPU the main thread sat on most, how busy that CPU's SMT siblings
-were, and the engine's threads and the machine's processes that used more than 5% of a CPU.
-``--idle-engines`` starts other engines first, each in a process of its own, and leaves them
-idle, as the benchmarks' engines wait while another runs. Runs alternate between the
-process free to run on any CPU and the process pinned to one CPU per physical core whose
-siblings it leaves out, or to the CPUs given (``--pin``), so that the two can be compared run
-by run.
+were, and the engine's threads and the other engines' processes that used more than 5% of a
+CPU. ``--idle-engines`` starts other engines first, each in a process of its own, and leaves
+them idle, as the benchmarks' engines wait while another runs; the runs then alternate between
+those processes awake and stopped (SIGSTOP: their CUDA contexts stay). Without other engines,
+runs alternate between the process free to run on any CPU and the process pinned to one CPU per
+physical core whose siblings it leaves out, or to the CPUs given (``--pin``), so that the two
+can be compared run by run.
 
     python benchmarks/host_noise.py --jsonl $OUT/host_noise.jsonl
 """
@@ -28,6 +29,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -86,26 +88,25 @@ def _threads(pid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _processes() -> dict[int, int]:
-    """Every process's utime + stime in ticks."""
+def _processes(pids: list[int]) -> dict[int, int]:
+    """Each process's utime + stime in ticks, with all its threads'."""
     out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[int(name)] = int(fields[11]) + int(fields[12])
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = int(fields[11]) + int(fields[12])
     return out
 
 
-def sampler(pid: int, conn) -> None:
-    """Samples until told to stop; then sends the samples: (time, CPU busy ticks, threads,
-    processes)."""
+def sampler(pid: int, others: list[int], conn) -> None:
+    """Samples until told to stop; then sends the samples: (time, CPU busy ticks, the engine's
+    threads, the other engines' processes)."""
     samples = []
     while not conn.poll(SAMPLE_SECONDS):
-        samples.append((time.time(), _cpu_busy(), _threads(pid), _processes()))
+        samples.append((time.time(), _cpu_busy(), _threads(pid), _processes(others)))
     conn.send(samples)
 
 
@@ -199,11 +200,16 @@ def main() -> None:
         for seed in range(3):  # warm-up
             llm.generate([{"prompt_token_ids": prompts(1, seed)[0]}], params, use_tqdm=False)
         conn, child = context.Pipe()
-        process = context.Process(target=sampler, args=(os.getpid(), child), daemon=True)
+        process = context.Process(target=sampler, args=(
+            os.getpid(), [p.pid for _, p in others], child), daemon=True)
         process.start()
         marks = []
         for run in range(args.runs):
-            cpus = pinned if run % 2 else free
+            # With other engines: awake and stopped (SIGSTOP) in turn; else free and pinned.
+            mode = (("awake", "stopped") if others else ("free", "pinned"))[run % 2]
+            for _, other in others:
+                os.kill(other.pid, signal.SIGSTOP if mode == "stopped" else signal.SIGCONT)
+            cpus = pinned if mode == "pinned" else free
             os.sched_setaffinity(0, cpus)
             for tid in map(int, os.listdir("/proc/self/task")):
                 try:
@@ -215,7 +221,7 @@ def main() -> None:
             out = llm.generate([{"prompt_token_ids": prompts(1, 100 + run)[0]}], params,
                                use_tqdm=False)
             end = time.time()
-            marks.append((run, "pinned" if run % 2 else "free", start, end, steps[0],
+            marks.append((run, mode, start, end, steps[0],
                           len(out[0].outputs[0].token_ids)))
         conn.send("stop")
         samples = conn.recv()
@@ -233,7 +239,8 @@ def main() -> None:
                                       "max_ms": max(v)} for mode, v in by_mode.items()}}
         print(json.dumps(summary), flush=True)
         append_jsonl(args.jsonl, summary)
-        for other, _ in others:
+        for other, process in others:
+            os.kill(process.pid, signal.SIGCONT)
             other.send("stop")
 
 

@@ -23,14 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-seventh session, second machine: the drafting engines' step time at batch 1 moved
-# by up to 2x between runs and within one (a budget-2 step from 6 to 11 ms, and it stayed).
-# Where the engine's threads ran and what else kept their CPUs busy, run by run, with the
-# process free and pinned to two CPUs; then with three other engines idle in their own processes.
+# The thirty-seventh session, third machine: on the second, fixed k=4 alone in the GPU machine
+# ran its batch-1 steps in 7.6-7.7 ms (24 runs, two outliers); with three other engines idle
+# in their own processes, in 7.7-10.8 ms. Those engines' processes awake and stopped (SIGSTOP,
+# their CUDA contexts kept) in turn, and the engine alone again.
 stream0() {
-  step host_noise host_noise --policy fixed_k4 --length 3 --runs 24 --pin 2 3
-  step host_noise_idle3 host_noise --policy fixed_k4 --length 3 --runs 24 --pin 2 3 \
+  step host_noise_stop3 host_noise --policy fixed_k4 --length 3 --runs 24 \
     --idle-engines no_spec fixed_k8 scv
+  step host_noise_alone host_noise --policy fixed_k4 --length 3 --runs 16
 }
 
 gpus=$(nvidia-smi -L | wc -l)
