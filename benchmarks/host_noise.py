@@ -21,6 +21,10 @@ physical core whose siblings it leaves out, or to the CPUs given (``--pin``), so
 can be compared run by run.
 
     python benchmarks/host_noise.py --jsonl $OUT/host_noise.jsonl
+    python benchmarks/host_noise.py --merge A.jsonl B.jsonl ... --result <json>
+
+A merge keeps each run whole, with the environment recorded beside its jsonl (runs on different
+machines stay apart).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl  # noqa: E402
+from common import append_jsonl, recorded_environment  # noqa: E402
 from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
 from scv_bench import engine_kwargs  # noqa: E402
 
@@ -148,9 +152,23 @@ def summarize(samples: list, start: float, end: float, main_tid: int,
                                if share > 0.05}}
 
 
+def merge(jsonls: list[Path], result: Path) -> None:
+    runs = []
+    for jsonl in jsonls:
+        records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+        runs.append({"step": jsonl.stem, **recorded_environment(jsonl),
+                     "setup": records[0], "summary": records[-1].get("summary"),
+                     "runs": [r for r in records[1:] if "run" in r]})
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(json.dumps({"benchmark": "host_noise", "steps": runs}, indent=1) + "\n")
+    print(result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jsonl", type=Path, required=True)
+    parser.add_argument("--jsonl", type=Path)
+    parser.add_argument("--merge", type=Path, nargs="+")
+    parser.add_argument("--result", type=Path)
     parser.add_argument("--pin", type=int, nargs="*",
                         help="the CPUs of the pinned runs (default: one per physical core)")
     parser.add_argument("--policy", default="fixed_k4")
@@ -161,6 +179,12 @@ def main() -> None:
                         help="policies of other engines, each in its own process, left idle")
     parser.add_argument("--output-len", type=int, default=192)
     args = parser.parse_args()
+    if args.merge:
+        if args.result is None:
+            parser.error("--merge needs --result")
+        return merge(args.merge, args.result)
+    if args.jsonl is None:
+        parser.error("--jsonl or --merge is needed")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 

@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -491,3 +492,22 @@ def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
         assert totals["calls"] >= 3 * staged and totals["seconds"] > 0
     with engine(target, spec_config("draft_model", draft)) as llm:
         assert gpu_engines.time_nwor_host(llm) is None
+
+
+def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
+    """host_noise.py: a run's window of samples gives the main thread's CPU, how busy that CPU
+    and its siblings were, and the threads and processes over 5% of a CPU."""
+    noise = importlib.import_module("host_noise")
+    tick = os.sysconf("SC_CLK_TCK")
+    # 1 s apart; main thread 10 on CPU 3 all along, thread 11 idle; CPU 3 and its sibling 7
+    # busy; another engine's process 99 at a fifth of a CPU.
+    samples = [(100.0 + t, {3: t * tick, 7: t * tick // 2, 0: 0},
+                {10: (3, t * tick), 11: (0, 0)}, {99: t * tick // 5}) for t in range(3)]
+    summary = noise.summarize(samples, 100.0, 102.0, 10, {3: [7], 7: [3], 0: []})
+    assert summary["main_cpu"] == 3 and summary["main_cpu_changes"] == 0
+    assert summary["main_cpu_busy"] == 1.0 and summary["sibling_busy"] == [0.5]
+    assert summary["cpus_busy_over_half"] == [3]
+    assert summary["busy_threads"] == {"main": 1.0}
+    assert summary["busy_processes"] == {"99": 0.2}
+    assert noise.summarize(samples, 200.0, 201.0, 10, {}) == {}  # no samples in the window
+    assert noise.one_per_core({0: [4], 4: [0], 1: [], 2: [6], 6: [2]}) == [0, 1, 2]
