@@ -3,8 +3,8 @@
 At batch 1 the speculative engines' steps are bound by the host (GPU busy 35-48% with fixed
 k=4 and 8, ``scv_b1_L4_profile_2026-11-24_h200.json``), and their median step moved by up to
 2x between repetitions of the same engine and workload, in both directions, while plain
-decoding's (GPU-bound) did not move; within one run a budget-2 step went from 5.5-6.3 ms to
-11.2-11.6 ms and stayed there (``scv_b1_k8_2026-11-24_h200.json``). That is the noise every
+decoding's (GPU-bound) did not move; within one run SCV's budget-2 steps went from about 6 ms
+to about 11 ms and stayed there (``scv_b1_k8_2026-11-24_h200.json``). That is the noise every
 batch-1 comparison of SCV with fixed k carries.
 
 This runs one fixed-k engine in this process (the engine core in-process, as the benchmarks
