@@ -228,25 +228,29 @@ def main() -> None:
             os.getpid(), [p.pid for _, p in others], child), daemon=True)
         process.start()
         marks = []
-        for run in range(args.runs):
-            # With other engines: awake and stopped (SIGSTOP) in turn; else free and pinned.
-            mode = (("awake", "stopped") if others else ("free", "pinned"))[run % 2]
+        try:
+            for run in range(args.runs):
+                # With other engines: awake and stopped (SIGSTOP) in turn; else free and pinned.
+                mode = (("awake", "stopped") if others else ("free", "pinned"))[run % 2]
+                for _, other in others:
+                    os.kill(other.pid, signal.SIGSTOP if mode == "stopped" else signal.SIGCONT)
+                cpus = pinned if mode == "pinned" else free
+                os.sched_setaffinity(0, cpus)
+                for tid in map(int, os.listdir("/proc/self/task")):
+                    try:
+                        os.sched_setaffinity(tid, cpus)
+                    except OSError:
+                        pass
+                steps[0] = 0
+                start = time.time()
+                out = llm.generate([{"prompt_token_ids": prompts(1, 100 + run)[0]}], params,
+                                   use_tqdm=False)
+                end = time.time()
+                marks.append((run, mode, start, end, steps[0],
+                              len(out[0].outputs[0].token_ids)))
+        finally:  # never leave an engine stopped: it would not act on the SIGTERM that ends it
             for _, other in others:
-                os.kill(other.pid, signal.SIGSTOP if mode == "stopped" else signal.SIGCONT)
-            cpus = pinned if mode == "pinned" else free
-            os.sched_setaffinity(0, cpus)
-            for tid in map(int, os.listdir("/proc/self/task")):
-                try:
-                    os.sched_setaffinity(tid, cpus)
-                except OSError:
-                    pass
-            steps[0] = 0
-            start = time.time()
-            out = llm.generate([{"prompt_token_ids": prompts(1, 100 + run)[0]}], params,
-                               use_tqdm=False)
-            end = time.time()
-            marks.append((run, mode, start, end, steps[0],
-                          len(out[0].outputs[0].token_ids)))
+                os.kill(other.pid, signal.SIGCONT)
         conn.send("stop")
         samples = conn.recv()
         process.join(timeout=10)
@@ -263,8 +267,7 @@ def main() -> None:
                                       "max_ms": max(v)} for mode, v in by_mode.items()}}
         print(json.dumps(summary), flush=True)
         append_jsonl(args.jsonl, summary)
-        for other, process in others:
-            os.kill(process.pid, signal.SIGCONT)
+        for other, _ in others:
             other.send("stop")
 
 
