@@ -511,3 +511,27 @@ def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
     assert summary["busy_processes"] == {"99": 0.2}
     assert noise.summarize(samples, 200.0, 201.0, 10, {}) == {}  # no samples in the window
     assert noise.one_per_core({0: [4], 4: [0], 1: [], 2: [6], 6: [2]}) == [0, 1, 2]
+
+
+def test_fit_replay_prices_steady_plans_at_their_own_requests():
+    """scv_fit_replay.py: steps that cost exactly 4 ms plus 1 ms a draft pass plus 0.1 ms a
+    verified token are priced at what they took, at each plan's own number of requests (a
+    batch draining to 3 requests among them), and the steady plans are found."""
+    replay = importlib.import_module("scv_fit_replay")
+
+    def step(requests: int, budget: int) -> list:
+        tokens = requests * (1 + budget)
+        ms = 4.0 + 1.0 * budget + 0.1 * tokens
+        return [requests, tokens, budget, ms, 1, 0, requests * budget, 0]
+
+    warm = [step(r, b) for b in (0, 1, 2, 4) for r in (8, 3) for _ in range(40)]
+    rep = [step(8, b) for b in (0, 2, 4, 1) for _ in range(30)] + [step(3, 2)] * 30
+    result = {"groups": [{"warm": {"scv": {"8": {"steps": warm}}}}],
+              "cells": [{"batch": 8, "scv_choices_by_group": [
+                  {"graphs": [None, False], "steps_by_rep": [rep]}]}]}
+    assert set(replay.steady_times(rep)) == {(8, 0), (8, 2), (8, 4), (8, 1), (3, 2)}
+    errors = replay.replay(result, replay.StepCostModel())
+    assert sorted(budget for _, budget, _ in errors) == [1, 2, 4]  # the second half's plans
+    assert max(abs(e) for _, _, e in errors) < 0.02
+    aged = replay.replay(result, replay.AgedStepCostModel(64))
+    assert max(abs(e) for _, _, e in aged) < 0.02
