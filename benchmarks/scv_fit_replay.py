@@ -29,12 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import git_commit  # noqa: E402
-from vllm_nwor.scv import (  # noqa: E402
-    StepCost,
-    StepCostModel,
-    nonnegative_least_squares,
-    on_full_graph,
-)
+from vllm_nwor.scv import StepCostModel, on_full_graph  # noqa: E402
 
 MIN_STEADY_STEPS = 8
 
@@ -58,32 +53,9 @@ class AgedStepCostModel(StepCostModel):
                 born = self._born.setdefault(key, np.zeros(self.window))
                 born[(count - 1) % self.window] = self._clock
 
-    def _refit(self) -> None:
-        self._fits += 1
-        self._since_fit = 0
-        kept = {key: min(count, self.window) for key, count in self._counts.items()}
-        x = np.concatenate([self._rows[key][0][:n] for key, n in kept.items()])
-        y = np.concatenate([self._rows[key][1][:n] for key, n in kept.items()])
-        age = self._clock - np.concatenate([self._born[key][:n] for key, n in kept.items()])
-        aged = 0.5 ** (age / self.half_life)
-        last = self._theta.copy()
-        varies = x.std(axis=0) > 0
-        varies[0] = True
-        y = y - x[:, ~varies] @ last[~varies]
-        x = x[:, varies]
-        theta = nonnegative_least_squares(x, y, aged)
-        for _ in range(3):  # as StepCostModel: Huber weights, here times the age's
-            residual = np.abs(y - x @ theta)
-            scale = 1.4826 * float(np.median(residual))
-            if scale <= 0:
-                break
-            theta = nonnegative_least_squares(
-                x, y, aged * np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12)))
-        last[varies] = theta
-        self._theta = last
-        fields = len(StepCost._fields)
-        self._cost = StepCost(float(last[0]), *(float(a + b) for a, b in zip(
-            last[1:fields], last[fields:], strict=True)))
+    def _row_weights(self, kept) -> np.ndarray:
+        ages = [self._clock - self._born[key][:n] for key, n in kept.items()]
+        return 0.5 ** (np.concatenate(ages) / self.half_life)
 
 
 def steady_times(steps: list) -> dict[tuple[int, int], list[float]]:

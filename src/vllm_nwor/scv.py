@@ -448,19 +448,27 @@ class StepCostModel:
         varies[0] = True  # the fixed cost (a column of ones) is always fitted
         y = y - x[:, ~varies] @ last[~varies]
         x = x[:, varies]
-        theta = nonnegative_least_squares(x, y)
+        base = self._row_weights(kept)
+        theta = nonnegative_least_squares(x, y, base)
         for _ in range(3):  # Huber weights: full weight within two robust deviations
             residual = np.abs(y - x @ theta)
             scale = 1.4826 * float(np.median(residual))
             if scale <= 0:
                 break
-            theta = nonnegative_least_squares(
-                x, y, np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12)))
+            huber = np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12))
+            theta = nonnegative_least_squares(x, y, huber if base is None else base * huber)
         last[varies] = theta
         self._theta = last
         fields = len(StepCost._fields)  # a plan step after step: its terms and the next's
         self._cost = StepCost(float(last[0]), *(float(a + b) for a, b in zip(
             last[1:fields], last[fields:], strict=True)))
+
+
+    def _row_weights(self, kept: Mapping[tuple[int, int], int]) -> np.ndarray | None:
+        """Each kept step's weight in the fit, in the order :meth:`_refit` stacks them (``kept``:
+        by band and budget, the steps kept); None: all alike. A variant of the fit overrides
+        this (``benchmarks/scv_fit_replay.py``)."""
+        return None
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
