@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import CPU_ENGINE, environment, write_result  # noqa: E402
+from common import CPU_ENGINE, count_engine_steps, environment, write_result  # noqa: E402
 
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 ENGINES = ("no_spec", "vllm_k0", "scv_chunk0")
@@ -90,15 +90,7 @@ def engine_main(conn, name: str, target: str, draft: str, batch: int, k: int,
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": [(7 * i + 13 * j) % 500 + 2 for j in range(32)]}
                for i in range(batch)]
-    engine_core = llm.llm_engine.engine_core.engine_core
-    steps = [0]
-    step = engine_core.step_fn
-
-    def counted_step(*args, **kwargs):
-        steps[0] += 1
-        return step(*args, **kwargs)
-
-    engine_core.step_fn = counted_step
+    steps = count_engine_steps(llm)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     conn.send("ready")
     while (message := conn.recv()) != "stop":

@@ -18,6 +18,21 @@ CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, 
                   disable_log_stats=False, enable_prefix_caching=False, seed=0)
 
 
+def count_engine_steps(llm) -> list[int]:
+    """A counter of the engine core's steps (the core in this process), as a one-item list the
+    caller may read and reset: ``steps = count_engine_steps(llm); steps[0] = 0; ...``."""
+    core = llm.llm_engine.engine_core.engine_core
+    steps = [0]
+    step = core.step_fn
+
+    def counted(*args, **kwargs):
+        steps[0] += 1
+        return step(*args, **kwargs)
+
+    core.step_fn = counted
+    return steps
+
+
 def git_commit() -> str:
     """HEAD of this checkout; NWOR_COMMIT where the tree travelled without .git (GPU machine)."""
     if os.environ.get("NWOR_COMMIT"):

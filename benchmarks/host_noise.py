@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, recorded_environment  # noqa: E402
+from common import append_jsonl, count_engine_steps, recorded_environment  # noqa: E402
 from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
 from scv_bench import engine_kwargs  # noqa: E402
 
@@ -212,15 +212,7 @@ def main() -> None:
         rate = rate_for_length(args.length, 4)
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                                 extra_args={"synthetic_acceptance_rate": rate})
-        core = llm.llm_engine.engine_core.engine_core
-        steps = [0]
-        step = core.step_fn
-
-        def counted(*a, **k):
-            steps[0] += 1
-            return step(*a, **k)
-
-        core.step_fn = counted
+        steps = count_engine_steps(llm)
         for seed in range(3):  # warm-up
             llm.generate([{"prompt_token_ids": prompts(1, seed)[0]}], params, use_tqdm=False)
         conn, child = context.Pipe()
