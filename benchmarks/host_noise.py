@@ -79,30 +79,28 @@ def _cpu_busy() -> dict[int, float]:
     return busy
 
 
+def _stat(path: str) -> tuple[int, int] | None:
+    """A task's ``/proc/.../stat``: (the CPU it last ran on, utime + stime in ticks); None
+    where it is gone."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[36]), int(fields[11]) + int(fields[12])
+
+
 def _threads(pid: int) -> dict[int, tuple[int, int]]:
     """Each thread: (CPU it last ran on, utime + stime in ticks)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields[36]), int(fields[11]) + int(fields[12]))
-    return out
+    stats = {int(tid): _stat(f"/proc/{pid}/task/{tid}/stat")
+             for tid in os.listdir(f"/proc/{pid}/task")}
+    return {tid: stat for tid, stat in stats.items() if stat is not None}
 
 
 def _processes(pids: list[int]) -> dict[int, int]:
     """Each process's utime + stime in ticks, with all its threads'."""
-    out = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = int(fields[11]) + int(fields[12])
-    return out
+    stats = {pid: _stat(f"/proc/{pid}/stat") for pid in pids}
+    return {pid: stat[1] for pid, stat in stats.items() if stat is not None}
 
 
 def sampler(pid: int, others: list[int], conn) -> None:
