@@ -3,7 +3,8 @@
 Policies, each its own engine process:
 
 - ``no_spec``: vLLM without speculation;
-- ``fixed_k2``, ``fixed_k4``, ``fixed_k8``: draft_model with a fixed k;
+- ``fixed_k2``, ``fixed_k4``, ``fixed_k8``: draft_model (or ``--method ngram_gpu``) with a
+  fixed k;
 - ``vllm_batch_schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (k by batch size);
 - ``scv``: SCV adaptive, chunks up to 8;
 - ``scv_oracle``: a diagnostic, not a policy: SCV adaptive planning with every request's true
@@ -99,6 +100,12 @@ COMPARED_ROWS = (*SCV_ROWS, "no_spec_aa")
 """The rows compared with the best of the others and never one of them: SCV's, and the A/A
 control ``no_spec_aa``."""
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
+DRAFTERS = {"draft_model": "2-layer draft model (same shape and vocabulary, dummy weights)",
+            "ngram_gpu": "vLLM's ngram_gpu, prompt lookup of 2 to 4 tokens"}
+METHODS = tuple(DRAFTERS)
+"""The drafters (``--method``): the 2-layer draft model, or vLLM's n-gram lookup on the GPU
+(over the prompts' repeated motif and what follows it; it runs no model, so drafting costs
+nearly nothing, and it runs with async scheduling, which vLLM's CPU ngram does not)."""
 
 
 def workloads() -> dict[str, list[float]]:
@@ -109,7 +116,7 @@ def workloads() -> dict[str, list[float]]:
 
 
 def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
-                  memory_share: float) -> dict:
+                  memory_share: float, method: str = "draft_model") -> dict:
     kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=memory_share,
                   seed=0, disable_log_stats=False, enable_prefix_caching=False,
@@ -117,11 +124,17 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
     if policy in ("no_spec", "no_spec_aa"):
         return kwargs
     k = {"fixed_k2": 2, "fixed_k4": 4}.get(policy, 8)
-    speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
+    drafter = ({"method": "draft_model", "model": draft} if method == "draft_model" else
+               {"method": method, "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    speculative = {**drafter, "num_speculative_tokens": k,
                    "rejection_sample_method": "synthetic",
                    "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
     if policy == "vllm_batch_schedule":
+        if method == "ngram_gpu":
+            raise SystemExit("vllm_batch_schedule cannot run with ngram_gpu: vLLM 0.26's "
+                             "NgramProposerGPU.propose asserts that it proposes exactly "
+                             "num_speculative_tokens drafts, and the schedule asks for fewer")
         speculative["num_speculative_tokens_per_batch_size"] = BATCH_SCHEDULE
     if policy in SCV_ROWS:
         speculative["scv"] = "adaptive"
@@ -137,9 +150,9 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
 def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
               prompt_len: int, memory: float, closed_batch: bool = False,
               names: list[str] | None = None, load_multiple: int = 2,
-              output_lens: tuple[int, int] | None = None) -> dict:
+              output_lens: tuple[int, int] | None = None, method: str = "draft_model") -> dict:
     share = round(memory / len(policies), 3)
-    engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share)
+    engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share, method)
                              for p in policies})
     rows, warm = [], {}
     try:
@@ -222,7 +235,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                     rows.append(row)
     finally:
         stop_engines(engines)
-    return {"policies": policies, "gpu_memory_share": share,
+    return {"policies": policies, "method": method, "gpu_memory_share": share,
             "load": "closed batch" if closed_batch
             else f"steady, {load_multiple} x batch requests",
             "async_scheduling": "on for every policy",
@@ -319,7 +332,9 @@ def merge(jsonl: Path, result: Path) -> None:
                "workload": {"prompt_len": sorted({r["prompt_len"] for r in records}),
                             "output_len": OUTPUT_LEN,  # [min, max] by group: ``groups``
                             "reps": sorted({r["reps"] for r in records}),
-                            "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft",
+                            "model": "Llama-3-8B shape, dummy weights, bf16",
+                            "drafter": sorted({DRAFTERS[r.get("method", "draft_model")]
+                                               for r in records}),
                             "rates": workloads(), "batch_schedule": BATCH_SCHEDULE},
                "load": sorted({r.get("load", "closed batch") for r in records}),
                # what ``tok_s`` and ``scv_over_best_other`` measure (``merge``)
@@ -327,7 +342,9 @@ def merge(jsonl: Path, result: Path) -> None:
                "async_scheduling": sorted({r.get("async_scheduling", "vLLM default: off for "
                                                  "draft_model, on without speculation")
                                            for r in records}),
-               "groups": [{"policies": r["policies"], "gpu_memory_share": r["gpu_memory_share"],
+               "groups": [{"policies": r["policies"],
+                           "method": r.get("method", "draft_model"),
+                           "gpu_memory_share": r["gpu_memory_share"],
                            "startup_seconds": r["startup_seconds"],
                            "output_lens": r.get("output_lens", [OUTPUT_LEN, OUTPUT_LEN]),
                            # SCV's warm-up steps by policy and batch (as steps_by_rep's);
@@ -344,6 +361,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--policies", nargs="+", choices=POLICIES,
                         default=["no_spec", "fixed_k4", "scv"])
+    parser.add_argument("--method", choices=METHODS, default="draft_model",
+                        help="the speculative policies' drafter")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--workloads", nargs="+", choices=list(workloads()),
                         default=list(workloads()))
@@ -369,7 +388,8 @@ def main() -> None:
         append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
                                            args.reps, args.prompt_len, args.memory,
                                            args.closed_batch, args.workloads,
-                                           args.load_multiple, args.output_lens))
+                                           args.load_multiple, args.output_lens,
+                                           args.method))
 
 
 if __name__ == "__main__":

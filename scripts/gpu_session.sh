@@ -23,14 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-seventh session, third machine: on the second, fixed k=4 alone in the GPU machine
-# ran its batch-1 steps in 7.6-7.7 ms (24 runs, two outliers); with three other engines idle
-# in their own processes, in 7.7-10.8 ms. Those engines' processes awake and stopped (SIGSTOP,
-# their CUDA contexts kept) in turn, and the engine alone again.
+# The thirty-eighth session: SCV with vLLM's ngram_gpu drafter, which proposes all k drafts or
+# fails (SCV now asks it for k and cuts every request to its chunk). Its GPU tests, the same
+# test against the scheduler patch before the change (NWOR_SRC=.scratch/old: it must fail),
+# then the comparison at batch 128, where the mix's 1.15x target is, and at batch 32.
 stream0() {
-  step host_noise_stop3 host_noise --policy fixed_k4 --length 3 --runs 24 \
-    --idle-engines no_spec fixed_k8 scv
-  step host_noise_alone host_noise --policy fixed_k4 --length 3 --runs 16
+  step tests_ngram_gpu tests tests/gpu/test_engine_gpu.py -k ngram_gpu
+  step scv_ngram_b128 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
+    scv --batches 128 --reps 3 --output-lens 64 192 --memory 0.92
+  [ -d .scratch/old/src ] && (export NWOR_SRC=$PWD/.scratch/old
+    step tests_ngram_gpu_old tests tests/gpu/test_engine_gpu.py -k "ngram_gpu and True")
+  step scv_ngram_b32 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
+    scv --batches 32 --reps 3 --output-lens 64 192 --memory 0.92
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -34,6 +34,8 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     window = importlib.import_module("draft_window_bench")
     cases = [(f"scv_bench:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3))
              for p in scv.POLICIES]
+    cases += [(f"scv_bench:ngram_gpu:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3, "ngram_gpu"))
+              for p in scv.POLICIES if p != "vllm_batch_schedule"]
     cases += [(f"nwor_overhead:{m}:{nwor}", overhead.engine_kwargs("t", "d", m, 4, nwor, 8))
               for m in ("draft_model", "ngram") for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))

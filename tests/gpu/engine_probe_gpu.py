@@ -75,8 +75,8 @@ def record_dispatches(runner) -> dict[str, int]:
 
 def main(spec: dict, out_path: str) -> None:
     audit, inject_every = spec.get("audit", False), spec.get("inject_every", 0)
-    if spec["method"] == "ngram":
-        speculative = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    if spec["method"] in ("ngram", "ngram_gpu"):
+        speculative = {"method": spec["method"], "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     else:
         draft = spec["draft"]
         if spec.get("draft_model_max_positions"):
@@ -127,6 +127,7 @@ def main(spec: dict, out_path: str) -> None:
     summary = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],
+        "scv_budgets": policy.budget_counts if policy is not None else None,
         "draft_sync": {"skipped_steps": lazy.skipped_steps,
                        "caught_up_tokens": lazy.caught_up_tokens} if lazy else None,
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),

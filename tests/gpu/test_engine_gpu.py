@@ -127,6 +127,33 @@ def test_scv_with_nwor_keeps_greedy_output(models, tmp_path, async_scheduling):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+def test_scv_cuts_ngram_gpus_drafts_to_each_chunk(models, tmp_path, async_scheduling):
+    """ngram_gpu's drafter proposes all k drafts or fails (vLLM asserts it): SCV asks it for k
+    and cuts each request to its chunk. SCV fixed at chunk 1 of k = 3 verifies at most one
+    draft a step (at most one accepted); SCV adaptive with drafts priced high
+    holds chunk 0 between probes. Greedy tokens are compared with ngram_gpu without SCV (bf16
+    sums in other orders in other batch shapes, so agreement must be high, not total)."""
+    engine = {"async_scheduling": async_scheduling}
+    plain = probe(models, tmp_path, "ngram_gpu", False, engine=engine,
+                  speculative={"nwor_telemetry": True})
+    one = probe(models, tmp_path, "ngram_gpu", False, engine=engine,
+                speculative={"scv": "fixed", "scv_chunk_size": 1})
+    held = probe(models, tmp_path, "ngram_gpu", False, engine=engine, speculative={
+        "scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 4,
+        "scv_probe_cost": 1.0})
+    assert one["async_scheduling"] == async_scheduling
+    most = [max(max(a) for a in run["acceptance"] if a) for run in (plain, one)]
+    assert most[0] > 1  # ngram_gpu alone accepts more than one draft in some steps
+    assert one["accepted"] > 0 and most[1] == 1
+    assert one["scv_budgets"][1] > 0
+    assert held["scv_budgets"][0] > 2 * sum(held["scv_budgets"][1:]) > 0
+    assert 0 < held["drafted"] < plain["drafted"] / 3
+    for run in (one, held):
+        print("token agreement SCV vs ngram_gpu:", agreement(run["tokens"], plain["tokens"]))
+        assert agreement(run["tokens"], plain["tokens"]) > 0.9
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_lazy_draft_sync_drafts_as_if_the_draft_never_skipped(models, tmp_path, async_scheduling):
     """SCV held at chunk 0, probing every 4 steps: the draft model is skipped on most steps and
     caught up at probes (tests/engine/test_draft_sync.py on the CPU). bf16 attention over a

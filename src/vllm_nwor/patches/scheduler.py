@@ -6,7 +6,8 @@ the drafter's KV in sync but proposes nothing). SCV uses exactly these two lever
 
 - once per step, when the batch is scheduled (``_update_after_schedule``), the policy plans
   the chunk of every request that will get drafts after this step, and
-  ``num_spec_tokens_to_schedule`` becomes the longest planned chunk (the draft budget);
+  ``num_spec_tokens_to_schedule`` becomes the longest planned chunk (the draft budget); a
+  drafter that can only propose all k (ngram_gpu, :data:`WHOLE_K_DRAFTERS`) is asked for k;
 - when those drafts arrive (``update_draft_token_ids``; with async scheduling, when the
   ``AsyncScheduler`` sets draft placeholders), each request's drafts are cut to its chunk size;
 - after each step's verdicts (``update_from_output``), the policy observes every request's chunk
@@ -40,6 +41,11 @@ logger = get_logger(__name__)
 POLICY_ATTR = "_nwor_scv"
 """Set on the scheduler: its :class:`ChunkPolicy`, or None when SCV is off."""
 
+WHOLE_K_DRAFTERS = ("ngram_gpu", "suffix", "medusa")
+"""Speculative methods whose drafter proposes exactly ``num_speculative_tokens`` drafts a step
+(vLLM 0.26 asserts it in their ``propose``), and whose drafting state (ngram_gpu's token ids on
+the GPU) moves on every step: SCV asks them for all k and cuts every request to its chunk."""
+
 
 def _policy(scheduler: Scheduler) -> ChunkPolicy | None:
     return getattr(scheduler, POLICY_ATTR, None)
@@ -66,6 +72,7 @@ def _wrap_init(init):
         init(self, *args, **kwargs)
         config = config_from_additional(self.vllm_config.additional_config)
         policy = None
+        self._nwor_whole_k = None  # k, where the drafter proposes k whatever the budget
         if config.scv != "off" and self.num_spec_tokens > 0:
             settings = ScvSettings(
                 mode=config.scv,
@@ -79,11 +86,14 @@ def _wrap_init(init):
                 lazy_draft_sync=self.vllm_config.speculative_config.method == "draft_model",
             )
             policy = ChunkPolicy(settings)
+            if self.vllm_config.speculative_config.method in WHOLE_K_DRAFTERS:
+                self._nwor_whole_k = self.num_spec_tokens
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
-        # id(scheduler_output): (time scheduled, learning, positions caught up)
+        # id(scheduler_output): (time scheduled, learning, positions caught up, draft budget)
         self._nwor_scheduled_at = {}
+        self._nwor_cuts = []  # the current plan's requests to cut, with their chunk
         self._nwor_last_output_at = 0.0
         self._nwor_learning_before = False
 
@@ -127,8 +137,15 @@ def _wrap_update_after_schedule(update_after_schedule):
             requests = self.requests
             remaining = [requests[r].max_tokens - requests[r].num_output_tokens for r in req_ids]
         plan = policy.plan(req_ids, remaining=remaining, scheduled=scheduled)
-        scheduler_output.num_spec_tokens_to_schedule = policy.draft_budget()
-        if scheduler_output.num_spec_tokens_to_schedule:
+        budget = policy.draft_budget()
+        whole_k = self._nwor_whole_k
+        if whole_k is None:
+            scheduler_output.num_spec_tokens_to_schedule = budget
+            self._nwor_cuts = policy.cuts()
+        else:  # the drafter proposes k whatever the plan: every shorter chunk is cut
+            scheduler_output.num_spec_tokens_to_schedule = whole_k
+            self._nwor_cuts = [(r, size) for r, size in plan.items() if size < whole_k]
+        if budget:
             # The lazy draft sync catches up only these; the rest stay behind.
             setattr(scheduler_output, DRAFTED_ATTR,
                     frozenset(r for r, size in plan.items() if size))
@@ -137,7 +154,7 @@ def _wrap_update_after_schedule(update_after_schedule):
         learning = policy.learning_step or self._nwor_learning_before
         self._nwor_learning_before = policy.learning_step
         self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning,
-                                                          policy.caught_up)
+                                                          policy.caught_up, budget)
 
     return wrapper
 
@@ -164,7 +181,7 @@ def _wrap_async_update_after_schedule(update_after_schedule):
         update_after_schedule(self, scheduler_output)
         policy = _policy(self)
         if policy is not None:
-            _cut_drafts(self, policy)
+            _cut_drafts(self)
 
     return wrapper
 
@@ -174,13 +191,13 @@ def _wrap_update_draft_token_ids(update_draft_token_ids):
         update_draft_token_ids(self, draft_token_ids)
         policy = _policy(self)
         if policy is not None:
-            _cut_drafts(self, policy)
+            _cut_drafts(self)
 
     return wrapper
 
 
-def _cut_drafts(scheduler: Scheduler, policy: ChunkPolicy) -> None:
-    for req_id, size in policy.cuts():
+def _cut_drafts(scheduler: Scheduler) -> None:
+    for req_id, size in scheduler._nwor_cuts:
         request = scheduler.requests.get(req_id)
         if request is not None and len(request.spec_token_ids) > size:
             request.spec_token_ids = request.spec_token_ids[:size]
@@ -221,14 +238,13 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     # in the batch queue until the engine steps again, the next run seconds later (the GPU
     # showed such "steps" of 0.2-18 s in the cost model's window).
     now = time.perf_counter()
-    scheduled, learning, caught_up = scheduler._nwor_scheduled_at.pop(id(scheduler_output),
-                                                                      (None, False, 0))
+    scheduled, learning, caught_up, budget = scheduler._nwor_scheduled_at.pop(
+        id(scheduler_output), (None, False, 0, 0))
     previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
     live = any(r in scheduler.requests for r in scheduler_output.num_scheduled_tokens)
     if scheduled is not None and sampled and live:
         tokens = scheduler_output.num_scheduled_tokens.values()
-        policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens,
-                            scheduler_output.num_spec_tokens_to_schedule,
+        policy.observe_step(len(tokens), scheduler_output.total_num_scheduled_tokens, budget,
                             now - max(scheduled, previous), uniform=min(tokens) == max(tokens),
                             learning=learning, caught_up=caught_up, verified=sum(
                                 map(len, scheduler_output.scheduled_spec_decode_tokens.values())))
