@@ -8,6 +8,7 @@ import pytest
 from engine_utils import engine, generate, spec_config, spec_decode_stats
 
 import vllm_nwor
+from vllm_nwor.patches import scheduler as scheduler_patch
 from vllm_nwor.patches.scheduler import scheduler_of
 
 
@@ -63,6 +64,39 @@ def test_chunking_never_changes_greedy_output(tiny_models, plain_runs, method, k
         counters = with_scv["counters"]
         assert counters.fallbacks == {}
         assert (counters.tokens_staged, counters.tokens_committed) == (drafted, accepted)
+
+
+@pytest.mark.parametrize("keys", [
+    {"scv": "fixed", "scv_chunk_size": 2},
+    {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0]},  # drafts priced high: chunk 0
+])
+def test_a_drafter_that_proposes_all_k_is_asked_for_k_and_each_request_cut(
+    tiny_models, plain_runs, monkeypatch, keys,
+):
+    """ngram_gpu proposes all k drafts or fails (its GPU test: tests/gpu); the CPU's ngram
+    stands in for it here, registered as such a drafter: every step asks it for k = 3, and each
+    request still verifies only its chunk."""
+    monkeypatch.setattr(scheduler_patch, "WHOLE_K_DRAFTERS", ("ngram",))
+    target, draft = tiny_models
+    with engine(target, spec_config("ngram", draft, **keys)) as llm:
+        scheduler = scheduler_of(llm)
+        asked, schedule = [], scheduler.schedule
+
+        def recording_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            asked.append(out.num_spec_tokens_to_schedule)
+            return out
+
+        scheduler.schedule = recording_schedule
+        chunks = record_chunks(llm)
+        tokens = generate(llm)
+    assert tokens == plain_runs["ngram"]["tokens"]
+    assert set(asked) == {3}
+    sizes = collections.Counter(c for per_request in chunks.values() for c in per_request)
+    if keys["scv"] == "fixed":
+        assert max(sizes) == 2 and sizes[2] > 10, sizes
+    else:
+        assert sizes[0] > 3 * sum(n for size, n in sizes.items() if size), sizes
 
 
 def test_an_always_rejected_request_goes_to_chunk_zero_and_a_recovering_one_comes_back(
