@@ -26,7 +26,10 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # The thirty-eighth session: SCV with vLLM's ngram_gpu drafter, which proposes all k drafts or
 # fails (SCV now asks it for k and cuts every request to its chunk). Its GPU tests, the same
 # test against the scheduler patch before the change (NWOR_SRC=.scratch/old: it must fail),
-# then the comparison at batch 128, where the mix's 1.15x target is, and at batch 32.
+# then the comparison at batch 128, where the mix's 1.15x target is, and at batch 32. (All but
+# batch 32 ran, on three machines: scv_ngram_gpu_b128_2026-11-24_h200.json and
+# gpu_tests_scv_ngram_gpu_2026-11-24_h200.json. Next: profile SCV and fixed k=2 with ngram_gpu
+# at batch 128, L=4, where SCV held budget 2 and its steps were slower.)
 stream0() {
   step tests_ngram_gpu tests tests/gpu/test_engine_gpu.py -k ngram_gpu
   step scv_ngram_b128 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
