@@ -2,10 +2,11 @@
 
 Engines side by side (``--engines``), all with async scheduling, on a uniform workload (L=1.5
 by default, ``--acceptance-length``; per-request synthetic acceptance, as in ``scv_bench.py``):
-no speculation, fixed k=4 and k=8, SCV adaptive, SCV held at its largest chunk (8: SCV's
-machinery without its choices, ``scv_fixed``), and SCV held at chunk 0 by a given cost model
-(``scv_cost_model``: verification priced far above its worth, probes rare), which isolates the
-spec path's floor from SCV's choices.
+no speculation, fixed k=2, 4 and 8, SCV adaptive, SCV held at its largest chunk (8: SCV's
+machinery without its choices, ``scv_fixed``; at chunk 2, ``scv_fixed2``), and SCV held at
+chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its worth,
+probes rare), which isolates the spec path's floor from SCV's choices. ``--method ngram_gpu``:
+the speculative engines draft with ngram_gpu (``vllm_k0`` and ``vllm_ngram_k0`` keep theirs).
 ``vllm_k0`` is vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``),
 with no plugin feature on: the same floor without the plugin; ``vllm_ngram_k0`` is that with
 ngram_gpu, whose drafter runs no model. ``no_spec_v1`` is no speculation on vLLM's V1 model
@@ -51,26 +52,28 @@ from gpu_engines import (  # noqa: E402
     tokens_per_second,
     write_models,
 )
-from scv_bench import REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
+from scv_bench import METHODS, REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 
 PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 
 
 CHUNK0_PARTS = ("plan", "record", "telemetry")
 """The plugin's host work of a chunk-0 step, each left out by its own engine."""
-ENGINES = ("no_spec", "no_spec_v1", "fixed_k4", "fixed_k8", "scv", "scv_fixed", "scv_chunk0",
-           "scv_chunk0_bare",
+ENGINES = ("no_spec", "no_spec_v1", "fixed_k2", "fixed_k4", "fixed_k8", "scv", "scv_fixed",
+           "scv_fixed2", "scv_chunk0", "scv_chunk0_bare",
            *(f"scv_chunk0_no_{part}" for part in CHUNK0_PARTS), "vllm_k0", "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
 
 
 def configs(target: str, draft: str, max_batch: int, share: float,
-            names: tuple[str, ...] = ENGINES) -> dict[str, dict]:
+            names: tuple[str, ...] = ENGINES, method: str = "draft_model") -> dict[str, dict]:
+    """Each engine's kwargs; the speculative policies draft with ``method`` (``scv_bench``'s
+    ``--method``), but for ``vllm_k0`` and ``vllm_ngram_k0``, whose drafters are their own."""
     out = {}
     for name in names:
         policy = "scv" if name.startswith(("scv_chunk0", "scv_fixed")) else {
             "no_spec_v1": "no_spec"}.get(name, "fixed_k8" if name.startswith("vllm_") else name)
-        out[name] = engine_kwargs(policy, target, draft, max_batch, share)
+        out[name] = engine_kwargs(policy, target, draft, max_batch, share, method)
         if name == "no_spec_v1":  # the model runner every draft_model/ngram engine gets
             out[name][ENV_KEY] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
         speculative = out[name].get("speculative_config")
@@ -78,6 +81,8 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}
         if name == "scv_fixed":
             out[name]["speculative_config"] = {**speculative, "scv": "fixed"}
+        if name == "scv_fixed2":  # against fixed k=2: the same verify chunks, an engine of k=8
+            out[name]["speculative_config"] = {**speculative, "scv": "fixed", "scv_chunk_size": 2}
         if name.startswith("scv_chunk0_"):  # without (some of) the plugin's own host work
             left_out = CHUNK0_PARTS if name.endswith("_bare") else (name.rsplit("_", 1)[1],)
             if "telemetry" in left_out:
@@ -100,6 +105,7 @@ def merge(jsonl: Path, result: Path) -> None:
     payload = {**recorded_environment(jsonl), "benchmark": "scv_step_profile",
                "workload": {"acceptance": f"uniform L={length:g} at k=4 (per-request synthetic)",
                             "load": "steady, 2 x batch requests, batch in flight",
+                            "drafter": sorted({r.get("method", "draft_model") for r in records}),
                             "prompt_len": 128, "async_scheduling": "on for every engine",
                             "scv_chunk0": PINNED_AT_ZERO},
                "cells": [r for r in records if "profile" not in r],
@@ -117,6 +123,8 @@ def main() -> None:
                         help="runs per engine and batch, alternating (the median is reported)")
     parser.add_argument("--acceptance-length", type=float, default=1.5,
                         help="every request's mean acceptance length at k=4 (synthetic)")
+    parser.add_argument("--method", choices=METHODS, default="draft_model",
+                        help="the speculative engines' drafter (scv_bench.py's)")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-batches", type=int, nargs="+", default=[1],
                         help="requests in flight in each profiled run (2x as many served)")
@@ -132,7 +140,8 @@ def main() -> None:
         target, draft = write_models(Path(root))
         engines = start_engines(configs(target, draft, max(args.batches),
                                         round(0.88 / len(args.engines), 3),
-                                        tuple(args.engines)), args.engine_core_process)
+                                        tuple(args.engines), args.method),
+                                args.engine_core_process)
         try:
             for engine in engines.values():  # SCV's at every chunk size and measured batch
                 profiled = () if args.no_profile else args.profile_batches
@@ -147,7 +156,8 @@ def main() -> None:
                                                batch).items():
                         runs[name].append(run)
                 by_rep = {name: [tokens_per_second(r) for r in rs] for name, rs in runs.items()}
-                row = {"batch": batch, "acceptance_length": args.acceptance_length, "tok_s": {
+                row = {"batch": batch, "acceptance_length": args.acceptance_length,
+                       "method": args.method, "tok_s": {
                     name: round(statistics.median(values), 1) for name, values in by_rep.items()},
                     "tok_s_by_rep": {name: [round(v, 1) for v in values]
                                      for name, values in by_rep.items()}, "drafted": {
@@ -169,7 +179,7 @@ def main() -> None:
                     run = engine.profile(batch_prompts, extra, batch)
                     record = {"profile": name, "batch": batch,
                               "acceptance_length": args.acceptance_length,
-                              "tok_s": round(tokens_per_second(run), 1),
+                              "method": args.method, "tok_s": round(tokens_per_second(run), 1),
                               "gpu_busy": run["gpu_busy"], "tables": run["profile"]}
                     print(name, batch, record["tok_s"], run["gpu_busy"], flush=True)
                     for table in run["profile"].values():

@@ -23,19 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The thirty-eighth session: SCV with vLLM's ngram_gpu drafter, which proposes all k drafts or
-# fails (SCV now asks it for k and cuts every request to its chunk). Its GPU tests, the same
-# test against the scheduler patch before the change (NWOR_SRC=.scratch/old: it must fail),
-# then the comparison at batch 128, where the mix's 1.15x target is, and at batch 32. (All but
-# batch 32 ran, on three machines: scv_ngram_gpu_b128_2026-11-24_h200.json and
-# gpu_tests_scv_ngram_gpu_2026-11-24_h200.json. Next: profile SCV and fixed k=2 with ngram_gpu
-# at batch 128, L=4, where SCV held budget 2 and its steps were slower.)
+# The next session's plan. With ngram_gpu at batch 128, L=4 (thirty-eighth session,
+# scv_ngram_gpu_b128_2026-11-24_h200.json) SCV held budget 2, as fixed k=2 verifies, and its
+# steps were slower: profile both, with SCV's machinery held at chunk 2 in its k=8 engine
+# (scv_fixed2) between them. Then batch 32 with ngram_gpu, which did not run.
 stream0() {
-  step tests_ngram_gpu tests tests/gpu/test_engine_gpu.py -k ngram_gpu
-  step scv_ngram_b128 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
-    scv --batches 128 --reps 3 --output-lens 64 192 --memory 0.92
-  [ -d .scratch/old/src ] && (export NWOR_SRC=$PWD/.scratch/old
-    step tests_ngram_gpu_old tests tests/gpu/test_engine_gpu.py -k "ngram_gpu and True")
+  step profile_ngram_b128_L4 scv_step_profile --method ngram_gpu \
+    --engines no_spec fixed_k2 scv_fixed2 scv --batches 128 --profile-batches 128 \
+    --acceptance-length 4 --reps 3
   step scv_ngram_b32 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
     scv --batches 32 --reps 3 --output-lens 64 192 --memory 0.92
 }

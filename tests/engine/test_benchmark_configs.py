@@ -43,6 +43,8 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     profile = importlib.import_module("scv_step_profile")
     cases += [(f"scv_step_profile:{name}", kwargs)
               for name, kwargs in profile.configs("t", "d", 128, 0.22).items()]
+    cases += [(f"scv_step_profile:ngram_gpu:{name}", kwargs) for name, kwargs in profile.configs(
+        "t", "d", 128, 0.22, ("fixed_k2", "scv", "scv_fixed2"), "ngram_gpu").items()]
     # What the engine process hands to LLM (it sets the environment and ablations itself).
     split = importlib.import_module("gpu_engines").split_engine_kwargs
     return [(name, split(kwargs)[0]) for name, kwargs in cases]
