@@ -536,6 +536,9 @@ class ScvSettings:
     probe_cost: float = 0.01
     """The share of the engine's measured time that learning steps may cost: shared probe
     steps, and random plans at a concurrency the cost model does not price yet."""
+    drafter_proposes: int | None = None
+    """The drafts a drafter proposes whatever it is asked for (ngram_gpu proposes all k); None:
+    the drafter proposes the draft budget. Every request planned shorter is cut."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -700,10 +703,10 @@ class ChunkPolicy:
         self._planned_rows = rows
         columns["steps"][rows] += 1  # each step makes each request one token, and its
         columns["made"][rows] += 1  # accepted drafts (observe)
-        short = np.flatnonzero(sizes < self._budget)
+        short = np.flatnonzero(sizes < self.drafts_asked())
         self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
         self.budget_counts[self._budget] += 1
-        self.uniform_plans += len(short) == 0
+        self.uniform_plans += int(sizes.min(initial=self._budget)) == self._budget
         return self._plan
 
     def _follow_draft_sync(self, drafted_rows: np.ndarray, scheduled: Mapping[str, int]) -> int:
@@ -806,13 +809,20 @@ class ChunkPolicy:
         return self._plan
 
     def cuts(self) -> list[tuple[str, int]]:
-        """The current plan's requests whose chunk is shorter than the draft budget, with
-        their chunk: the drafts to cut (every other request verifies the whole budget)."""
+        """The current plan's requests whose chunk is shorter than the drafts asked for
+        (:meth:`drafts_asked`), with their chunk: the drafts to cut (every other request
+        verifies all it drafted)."""
         return self._cuts
 
     def draft_budget(self) -> int:
-        """Drafts the drafter should propose per request: the longest planned chunk."""
+        """The longest planned chunk."""
         return self._budget
+
+    def drafts_asked(self) -> int:
+        """Drafts the drafter is asked for per request: the draft budget, or what the drafter
+        proposes whatever it is asked (:attr:`ScvSettings.drafter_proposes`)."""
+        proposes = self.settings.drafter_proposes
+        return self._budget if proposes is None else proposes
 
 
 QUANTILES = np.array([0.0, 0.25, 0.5, 0.75, 0.875])

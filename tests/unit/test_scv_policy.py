@@ -774,6 +774,15 @@ def test_one_slow_learning_step_owes_what_its_neighbours_did():
 def test_fixed_mode_verifies_full_chunks():
     fixed = ChunkPolicy(ScvSettings("fixed", 2, 4, 4))
     assert fixed.plan(["a", "b"]) == {"a": 2, "b": 2} and fixed.draft_budget() == 2
+    assert fixed.drafts_asked() == 2 and fixed.cuts() == []  # the drafter proposes 2
+
+
+def test_a_drafter_that_proposes_all_k_is_asked_for_k_and_every_shorter_chunk_cut():
+    """ngram_gpu proposes k drafts whatever it is asked (ScvSettings.drafter_proposes)."""
+    fixed = ChunkPolicy(ScvSettings("fixed", 2, 4, 4, drafter_proposes=3))
+    assert fixed.plan(["a", "b"]) == {"a": 2, "b": 2} and fixed.draft_budget() == 2
+    assert fixed.drafts_asked() == 3 and fixed.cuts() == [("a", 2), ("b", 2)]
+    assert fixed.uniform_plans == 1  # every request got the same chunk
 
 
 def test_warm_up_explores_budgets_and_chunks():

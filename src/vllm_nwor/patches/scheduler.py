@@ -7,7 +7,8 @@ the drafter's KV in sync but proposes nothing). SCV uses exactly these two lever
 - once per step, when the batch is scheduled (``_update_after_schedule``), the policy plans
   the chunk of every request that will get drafts after this step, and
   ``num_spec_tokens_to_schedule`` becomes the longest planned chunk (the draft budget); a
-  drafter that can only propose all k (ngram_gpu, :data:`WHOLE_K_DRAFTERS`) is asked for k;
+  drafter that can only propose all k (ngram_gpu, :data:`WHOLE_K_DRAFTERS`) is asked for k
+  (:attr:`ScvSettings.drafter_proposes`);
 - when those drafts arrive (``update_draft_token_ids``; with async scheduling, when the
   ``AsyncScheduler`` sets draft placeholders), each request's drafts are cut to its chunk size;
 - after each step's verdicts (``update_from_output``), the policy observes every request's chunk
@@ -72,8 +73,8 @@ def _wrap_init(init):
         init(self, *args, **kwargs)
         config = config_from_additional(self.vllm_config.additional_config)
         policy = None
-        self._nwor_whole_k = None  # k, where the drafter proposes k whatever the budget
         if config.scv != "off" and self.num_spec_tokens > 0:
+            method = self.vllm_config.speculative_config.method
             settings = ScvSettings(
                 mode=config.scv,
                 max_chunk=config.scv_chunk_size or self.num_spec_tokens,
@@ -83,17 +84,15 @@ def _wrap_init(init):
                 cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
                 max_graph_tokens=_max_graph_tokens(self.vllm_config),
                 mixed_graphs=_mixed_graphs(self.vllm_config),
-                lazy_draft_sync=self.vllm_config.speculative_config.method == "draft_model",
+                lazy_draft_sync=method == "draft_model",
+                drafter_proposes=self.num_spec_tokens if method in WHOLE_K_DRAFTERS else None,
             )
             policy = ChunkPolicy(settings)
-            if self.vllm_config.speculative_config.method in WHOLE_K_DRAFTERS:
-                self._nwor_whole_k = self.num_spec_tokens
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
         # id(scheduler_output): (time scheduled, learning, positions caught up, draft budget)
         self._nwor_scheduled_at = {}
-        self._nwor_cuts = []  # the current plan's requests to cut, with their chunk
         self._nwor_last_output_at = 0.0
         self._nwor_learning_before = False
 
@@ -138,13 +137,7 @@ def _wrap_update_after_schedule(update_after_schedule):
             remaining = [requests[r].max_tokens - requests[r].num_output_tokens for r in req_ids]
         plan = policy.plan(req_ids, remaining=remaining, scheduled=scheduled)
         budget = policy.draft_budget()
-        whole_k = self._nwor_whole_k
-        if whole_k is None:
-            scheduler_output.num_spec_tokens_to_schedule = budget
-            self._nwor_cuts = policy.cuts()
-        else:  # the drafter proposes k whatever the plan: every shorter chunk is cut
-            scheduler_output.num_spec_tokens_to_schedule = whole_k
-            self._nwor_cuts = [(r, size) for r, size in plan.items() if size < whole_k]
+        scheduler_output.num_spec_tokens_to_schedule = policy.drafts_asked()
         if budget:
             # The lazy draft sync catches up only these; the rest stay behind.
             setattr(scheduler_output, DRAFTED_ATTR,
@@ -181,7 +174,7 @@ def _wrap_async_update_after_schedule(update_after_schedule):
         update_after_schedule(self, scheduler_output)
         policy = _policy(self)
         if policy is not None:
-            _cut_drafts(self)
+            _cut_drafts(self, policy)
 
     return wrapper
 
@@ -191,13 +184,13 @@ def _wrap_update_draft_token_ids(update_draft_token_ids):
         update_draft_token_ids(self, draft_token_ids)
         policy = _policy(self)
         if policy is not None:
-            _cut_drafts(self)
+            _cut_drafts(self, policy)
 
     return wrapper
 
 
-def _cut_drafts(scheduler: Scheduler) -> None:
-    for req_id, size in scheduler._nwor_cuts:
+def _cut_drafts(scheduler: Scheduler, policy: ChunkPolicy) -> None:
+    for req_id, size in policy.cuts():
         request = scheduler.requests.get(req_id)
         if request is not None and len(request.spec_token_ids) > size:
             request.spec_token_ids = request.spec_token_ids[:size]
