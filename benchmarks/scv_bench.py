@@ -104,8 +104,9 @@ DRAFTERS = {"draft_model": "2-layer draft model (same shape and vocabulary, dumm
             "ngram_gpu": "vLLM's ngram_gpu, prompt lookup of 2 to 4 tokens"}
 METHODS = tuple(DRAFTERS)
 """The drafters (``--method``): the 2-layer draft model, or vLLM's n-gram lookup on the GPU
-(over the prompts' repeated motif and what follows it; it runs no model, so drafting costs
-nearly nothing, and it runs with async scheduling, which vLLM's CPU ngram does not)."""
+(over the prompts' repeated motif and what follows it; it runs no model, and it runs with async
+scheduling, which vLLM's CPU ngram does not). What ngram_gpu's pass costs a step was not
+measured apart (docs/scv_results.md, thirty-eighth session)."""
 
 
 def workloads() -> dict[str, list[float]]:
