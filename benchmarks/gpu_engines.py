@@ -143,7 +143,9 @@ def ablate(names: list[str]) -> None:
     """Leaves plugin work out, to measure what it costs. Only for SCV held at chunk 0, where
     the result stays right: ``plan`` plans chunk 0 for every request without the policy;
     ``record`` skips the lazy draft sync's record of skipped steps (no catch-up ever needs
-    it)."""
+    it); ``trim_wait`` keeps vLLM's wait for ngram_gpu's valid-draft counts on steps without
+    drafts (``patches/ngram_gpu.py`` left out)."""
+    from vllm_nwor.patches import ngram_gpu
     from vllm_nwor.patches.draft_sync import LazyDraftSync
     from vllm_nwor.scv import ChunkPolicy
 
@@ -152,7 +154,8 @@ def ablate(names: list[str]) -> None:
         return self._plan
 
     patches = {"plan": (ChunkPolicy, "plan", plan_zero),
-               "record": (LazyDraftSync, "record_skipped_step", lambda self, runner: None)}
+               "record": (LazyDraftSync, "record_skipped_step", lambda self, runner: None),
+               "trim_wait": (ngram_gpu, "configure", lambda runner: None)}
     for name in names:
         if name == ORACLE:
             continue  # installed on the engine's policy once it exists (use_oracle)

@@ -15,7 +15,9 @@ draft_model or ngram on V1 (``VllmConfig.use_v2_model_runner``), so the two no-s
 engines tell the runners' difference apart from what speculating costs. ``scv_chunk0_bare`` is
 ``scv_chunk0`` without the plugin's own host work of a chunk-0 step (no planning, no record of
 the skipped draft pass, no telemetry): what is left is vLLM's speculative path at zero drafts;
-``scv_chunk0_no_<part>`` leaves out one of them.
+``scv_chunk0_no_<part>`` leaves out one of them. ``scv_chunk0_trim_wait`` is ``scv_chunk0``
+where a step without drafts still waits for ngram_gpu's valid-draft counts, as in vLLM
+(``patches/ngram_gpu.py`` left out; with ``--method ngram_gpu``).
 
 It reports throughput per batch size (alternating, ``--reps`` runs: the median and each run)
 and, at each of
@@ -61,7 +63,8 @@ CHUNK0_PARTS = ("plan", "record", "telemetry")
 """The plugin's host work of a chunk-0 step, each left out by its own engine."""
 ENGINES = ("no_spec", "no_spec_v1", "fixed_k2", "fixed_k4", "fixed_k8", "scv", "scv_fixed",
            "scv_fixed2", "scv_chunk0", "scv_chunk0_bare",
-           *(f"scv_chunk0_no_{part}" for part in CHUNK0_PARTS), "vllm_k0", "vllm_ngram_k0")
+           *(f"scv_chunk0_no_{part}" for part in CHUNK0_PARTS), "scv_chunk0_trim_wait",
+           "vllm_k0", "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
 
 
@@ -83,7 +86,9 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             out[name]["speculative_config"] = {**speculative, "scv": "fixed"}
         if name == "scv_fixed2":  # against fixed k=2: the same verify chunks, an engine of k=8
             out[name]["speculative_config"] = {**speculative, "scv": "fixed", "scv_chunk_size": 2}
-        if name.startswith("scv_chunk0_"):  # without (some of) the plugin's own host work
+        if name == "scv_chunk0_trim_wait":
+            out[name][ABLATE_KEY] = ["trim_wait"]
+        elif name.startswith("scv_chunk0_"):  # without (some of) the plugin's own host work
             left_out = CHUNK0_PARTS if name.endswith("_bare") else (name.rsplit("_", 1)[1],)
             if "telemetry" in left_out:
                 out[name]["speculative_config"]["nwor_telemetry"] = False
@@ -166,6 +171,13 @@ def main() -> None:
                     # each run's engine steps: how many, median and trimmed mean, in ms
                     "step_ms_by_rep": {name: [r.get("step_ms") for r in rs]
                                        for name, rs in runs.items()}}
+                scv = {name: [r["scv"] for r in rs if r.get("scv")] for name, rs in runs.items()}
+                if any(scv.values()):  # what each SCV engine chose, and from what (gpu_engines)
+                    row["scv"] = {name: {
+                        "budget_counts_by_rep": [x["counters"]["budget_counts"] for x in xs],
+                        "budget_changes_by_rep": [x["budget_changes"] for x in xs],
+                        "steps_by_rep": [x["steps"] for x in xs],
+                        "coefficients": xs[-1]["coefficients"]} for name, xs in scv.items() if xs}
                 if "no_spec" in runs:  # greedy: drafts never verified means the same tokens
                     row["same_tokens_as_no_spec"] = {
                         name: round(agreement(rs[0]["tokens"], runs["no_spec"][0]["tokens"])[0], 5)

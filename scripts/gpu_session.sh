@@ -23,14 +23,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. With ngram_gpu at batch 128, L=4 (thirty-eighth session,
-# scv_ngram_gpu_b128_2026-11-24_h200.json) SCV held budget 2, as fixed k=2 verifies, and its
-# steps were slower: profile both, with SCV's machinery held at chunk 2 in its k=8 engine
-# (scv_fixed2) between them. Then batch 32 with ngram_gpu, which did not run.
+# The next session's plan. The profile of the thirty-ninth session
+# (scv_ngram_gpu_profile_b128_L4_2026-11-24_h200.json) found SCV at chunk 0 with ngram_gpu
+# 1.5 ms a step slower than plain decoding, GPU time equal: the host waited every step for the
+# drafter's valid-draft counts. patches/ngram_gpu.py skips that wait on steps without drafts;
+# scv_chunk0_trim_wait keeps it. Then the GPU tests of SCV with ngram_gpu, and batch 32.
 stream0() {
-  step profile_ngram_b128_L4 scv_step_profile --method ngram_gpu \
-    --engines no_spec fixed_k2 scv_fixed2 scv --batches 128 --profile-batches 128 \
+  step ngram_trim_b128 scv_step_profile --method ngram_gpu --no-profile \
+    --engines no_spec scv_chunk0 scv_chunk0_trim_wait fixed_k2 scv --batches 32 128 \
     --acceptance-length 4 --reps 3
+  step gpu_tests_ngram tests tests/gpu -k ngram
   step scv_ngram_b32 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
     scv --batches 32 --reps 3 --output-lens 64 192 --memory 0.92
 }

@@ -60,3 +60,20 @@ def test_new_attributes_must_not_exist_and_replacements_must():
         Patch(Target, "greet", lambda _: None, why="x", new=True).apply()
     with pytest.raises(PatchError, match="not defined"):
         Patch(Target, "missing", _shout, why="x").apply()
+
+
+def test_a_module_level_function_is_patched_in_its_module():
+    import types
+
+    module = types.ModuleType("fake_runner_module")
+    module.greet = lambda name: f"hello {name}"
+    patch = Patch(module, "greet", lambda greet: (lambda name: greet(name).upper()), why="x")
+    try:
+        assert patch.apply() is True
+        assert patch.attribute == "fake_runner_module.greet"
+        assert module.greet("x") == "HELLO X"
+    finally:
+        patch.revert()
+    assert module.greet("x") == "hello x"
+    with pytest.raises(PatchError, match="not defined on fake_runner_module"):
+        Patch(module, "missing", _shout, why="x").apply()

@@ -29,6 +29,9 @@ calls it; see each entry's ``why`` for what it does and what would retire it.
     where every request has the same chunk, of any size (``decode_graphs.py``).
 20. ``GPUModelRunner.propose_draft_token_ids``: with SCV and draft_model, skip the draft model on
     chunk-0 steps and catch it up before a request is drafted again (``draft_sync.py``).
+20a. ``gpu_model_runner.update_scheduler_for_invalid_drafts`` (the runner module's name for
+    vLLM's function): with SCV and ngram_gpu, a step with no drafts does not wait for the
+    drafter's valid-draft counts (``ngram_gpu.py``).
 
 Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
 
@@ -68,6 +71,7 @@ def all_patches() -> list[Patch]:
         engine_core,
         flash_attn,
         model_runner,
+        ngram_gpu,
         scheduler,
         telemetry_engine,
         telemetry_frontend,
@@ -85,6 +89,7 @@ def all_patches() -> list[Patch]:
         *draft_window.PATCHES,
         *decode_graphs.PATCHES,
         *draft_sync.PATCHES,
+        *ngram_gpu.PATCHES,
         *telemetry_engine.PATCHES,
         *telemetry_frontend.PATCHES,
     ]

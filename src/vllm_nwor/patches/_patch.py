@@ -8,6 +8,7 @@ process, sometimes twice); a *different* patch on an attribute that is already p
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,21 +23,29 @@ class PatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Patch:
-    """Replaces ``target.name`` with ``wrap(original)``.
+    """Replaces ``target.name`` with ``wrap(original)`` (``target``: a class, or a module for a
+    function that vLLM calls by its module-level name).
 
     ``wrap`` receives the original attribute (``None`` for ``new=True`` additions) and returns the
     replacement. ``why`` says what the patch does and what upstream change would retire it.
     """
 
-    target: type
+    target: type | types.ModuleType
     name: str
     wrap: Callable[[Any], Any]
     why: str
     new: bool = False
 
     @property
+    def owner(self) -> str:
+        """The target's full name."""
+        if isinstance(self.target, types.ModuleType):
+            return self.target.__name__
+        return f"{self.target.__module__}.{self.target.__qualname__}"
+
+    @property
     def attribute(self) -> str:
-        return f"{self.target.__module__}.{self.target.__qualname__}.{self.name}"
+        return f"{self.owner}.{self.name}"
 
     @property
     def id(self) -> str:
@@ -58,7 +67,7 @@ class Patch:
         if self.new and current is not None:
             raise PatchError(f"{self.attribute} exists; the plugin only adds it to vLLM 0.26")
         if not self.new and current is None:
-            raise PatchError(f"{self.attribute} is not defined on {self.target.__qualname__}")
+            raise PatchError(f"{self.attribute} is not defined on {self.owner}")
         replacement = self.wrap(current)
         if current is not None and callable(current):
             functools.update_wrapper(replacement, current)

@@ -29,6 +29,7 @@ from vllm_nwor.config import (
     config_from_additional,
     unsupported_kv_cache_dtype,
 )
+from vllm_nwor.patches import ngram_gpu
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.staging import (
     CommitFn,
@@ -247,6 +248,7 @@ def _check_one_kv_cache_group(runner: GPUModelRunner, layers: list[Attention]) -
 def _wrap_initialize_kv_cache(initialize_kv_cache):
     def wrapper(self, kv_cache_config, is_profiling: bool = False):
         initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling)
+        ngram_gpu.configure(self)
         bind(self, profiling=is_profiling)
 
     return wrapper
