@@ -23,16 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The profile of the thirty-ninth session
-# (scv_ngram_gpu_profile_b128_L4_2026-11-24_h200.json) found SCV at chunk 0 with ngram_gpu
-# 1.5 ms a step slower than plain decoding, GPU time equal: the host waited every step for the
-# drafter's valid-draft counts. patches/ngram_gpu.py skips that wait on steps without drafts;
-# scv_chunk0_trim_wait keeps it. Then the GPU tests of SCV with ngram_gpu, and batch 32.
+# The next session's plan. In the thirty-ninth session SCV adaptive with ngram_gpu at batch 128,
+# L=4, held chunk 0 in one run (scv_ngram_gpu_profile_b128_L4_2026-11-24_h200.json, 0.76 of
+# fixed k=2) and drafted at budgets 0 and 2 in the next (scv_ngram_gpu_trim_wait_..., 0.96 of
+# plain decoding): five repetitions with its choices recorded (scv_step_profile now keeps them),
+# then the batch-32 benchmark with ngram_gpu, which has not run yet.
 stream0() {
-  step ngram_trim_b128 scv_step_profile --method ngram_gpu --no-profile \
-    --engines no_spec scv_chunk0 scv_chunk0_trim_wait fixed_k2 scv --batches 32 128 \
-    --acceptance-length 4 --reps 3
-  step gpu_tests_ngram tests tests/gpu -k ngram
+  step scv_choice_ngram_b128 scv_step_profile --method ngram_gpu --no-profile \
+    --engines no_spec fixed_k2 scv --batches 128 --acceptance-length 4 --reps 5
   step scv_ngram_b32 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
     scv --batches 32 --reps 3 --output-lens 64 192 --memory 0.92
 }
