@@ -463,7 +463,6 @@ class StepCostModel:
         self._cost = StepCost(float(last[0]), *(float(a + b) for a, b in zip(
             last[1:fields], last[fields:], strict=True)))
 
-
     def _row_weights(self, kept: Mapping[tuple[int, int], int]) -> np.ndarray | None:
         """Each kept step's weight in the fit, in the order :meth:`_refit` stacks them (``kept``:
         by band and budget, the steps kept); None: all alike. A variant of the fit overrides
