@@ -605,7 +605,7 @@ def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
         budget = policy.draft_budget()
         if budget != last[0] and len(changes) < limit:
             rates = policy.acceptance.rates(list(req_ids)) if len(req_ids) else [0.0]
-            changes.append([policy.acceptance.steps, budget, len(req_ids),
+            changes.append([policy.steps, budget, len(req_ids),
                             round(float(sum(rates) / len(rates)), 4),
                             [float(f"{c:.4g}") for c in policy.cost.coefficients]])
         last[0] = budget

@@ -23,16 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. In the thirty-ninth session SCV adaptive with ngram_gpu at batch 128,
-# L=4, held chunk 0 in one run (scv_ngram_gpu_profile_b128_L4_2026-11-24_h200.json, 0.76 of
-# fixed k=2) and drafted at budgets 0 and 2 in the next (scv_ngram_gpu_trim_wait_..., 0.96 of
-# plain decoding): five repetitions with its choices recorded (scv_step_profile now keeps them),
-# then the batch-32 benchmark with ngram_gpu, which has not run yet.
+# The next session's plan. In the fortieth session SCV held chunk 0 in five runs at batch 128,
+# L=4 with ngram_gpu: after the warm-up replaced its estimator, the policy's probe clock (the
+# estimator's step count) restarted below the last shared probe step, and no probe came. With
+# the policy's own clock: the same profile, the same with draft_model, then batch 128 with
+# ngram_gpu over every workload.
 stream0() {
-  step scv_choice_ngram_b128 scv_step_profile --method ngram_gpu --no-profile \
-    --engines no_spec fixed_k2 scv --batches 128 --acceptance-length 4 --reps 5
-  step scv_ngram_b32 scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 fixed_k8 \
-    scv --batches 32 --reps 3 --output-lens 64 192 --memory 0.92
+  step scv_choice_ngram_b128_clock scv_step_profile --method ngram_gpu --no-profile \
+    --engines no_spec fixed_k2 scv --batches 128 --acceptance-length 4 --reps 4
+  step scv_choice_draft_b128_clock scv_step_profile --no-profile \
+    --engines no_spec fixed_k2 scv --batches 128 --acceptance-length 4 --reps 3
+  step scv_ngram_b128_clock scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 \
+    scv --batches 128 --reps 2 --output-lens 64 192 --memory 0.92
 }
 
 gpus=$(nvidia-smi -L | wc -l)

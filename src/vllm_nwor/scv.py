@@ -579,6 +579,13 @@ class ChunkPolicy:
         """Planned steps where every request got the same chunk (diagnostics)."""
         self.budget_seconds = [[0, 0.0] for _ in range(settings.max_chunk + 1)]
         """Observed steps and their seconds, by draft budget (diagnostics)."""
+        self.steps = 0
+        """Steps planned so far: the clock of probes and exploration. It is the policy's own,
+        not its estimator's: a benchmark that replaced the estimator after its warm-up (fresh
+        verdicts, :func:`benchmarks.gpu_engines.warm_every_chunk`) reset the estimator's step
+        count, the last shared probe step stayed at the warm-up's, and no shared probe came
+        until the new count passed it (on the H200, SCV never drafted in five runs of 258 steps
+        at batch 128, uniform L=4, where fixed k=2 gained 12%)."""
         self._last_probe_step = 0  # the last shared probe step
         self._balance = 0.0  # the ledger (observe_step): at most 0; below, what is owed
         self._unpriced: deque[float] = deque(maxlen=3)  # the last learning steps' seconds
@@ -731,6 +738,7 @@ class ChunkPolicy:
         self.probes = frozenset()
         self.learning_step = False
         self.acceptance.tick()
+        self.steps += 1
         if self.settings.mode == "fixed":
             return np.full(len(req_ids), k)
         if not self.cost.ready(len(req_ids)) and (not self.cost.priced() or self._balance >= 0):
@@ -748,7 +756,7 @@ class ChunkPolicy:
             # warm-up step took 786 ms where 350 were priced and owed 0.4 s).
             self.learning_step = self.cost.priced() and bool(sizes.any())
             return sizes
-        step = self.acceptance.steps
+        step = self.steps
         rates = self.acceptance.rates(req_ids)
         # The batch is what its requests' own history settled it into (choose_sizes).
         columns = self._requests.columns

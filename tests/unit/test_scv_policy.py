@@ -585,6 +585,26 @@ def test_failed_probes_back_off():
     assert len(attempts) < 30
 
 
+def test_probes_keep_their_clock_when_the_estimator_is_replaced():
+    """The benchmarks' warm-up ends with a fresh estimator (its verdicts are not the
+    workload's); shared probes must still come every ``probe_interval`` steps after it."""
+    interval = 4
+    policy = compute_bound_policy(probe_interval=interval)
+    engine = TimedSteps(policy)
+    for _ in range(200):  # a long warm-up that probes a rejecting request
+        plan = engine.step(["warm"])
+        verify(policy, "warm", plan, accept_all=False)
+    policy.forget("warm")
+    policy.acceptance = AcceptanceEstimator(policy.settings.acceptance_window)
+    probed = []
+    for step in range(60):
+        plan = engine.step(["bad"])
+        if "bad" in policy.probes:
+            probed.append(step)
+        verify(policy, "bad", plan, accept_all=False)
+    assert probed and probed[0] <= 2 * interval, probed
+
+
 def test_probes_are_gathered_on_shared_steps():
     """Requests joining one after the other, never accepting: their probes fall on shared
     steps, so most steps draft nothing for the whole batch."""
