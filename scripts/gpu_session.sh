@@ -23,18 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. In the fortieth session SCV held chunk 0 in five runs at batch 128,
-# L=4 with ngram_gpu: after the warm-up replaced its estimator, the policy's probe clock (the
-# estimator's step count) restarted below the last shared probe step, and no probe came. With
-# the policy's own clock: the same profile, the same with draft_model, then batch 128 with
-# ngram_gpu over every workload.
+# The next session's plan. In the fortieth session the probe clock was fixed (ae5ac42: no shared
+# probe had come for about 1,500 steps after the benchmarks' warm-up); the issue's cells with
+# draft_model have not run since. First batch 128 with draft_model (the first cell, L=1.5, now
+# probes; L=3 then starts from the low acceptance L=1.5 leaves), then where SCV's budget-2 steps
+# with draft_model lost 13% to fixed k=2's at L=4 (scv_probe_clock_b128_L4_2026-11-24_h200.json),
+# profiled.
 stream0() {
-  step scv_choice_ngram_b128_clock scv_step_profile --method ngram_gpu --no-profile \
-    --engines no_spec fixed_k2 scv --batches 128 --acceptance-length 4 --reps 4
-  step scv_choice_draft_b128_clock scv_step_profile --no-profile \
-    --engines no_spec fixed_k2 scv --batches 128 --acceptance-length 4 --reps 3
-  step scv_ngram_b128_clock scv_bench --method ngram_gpu --policies no_spec fixed_k2 fixed_k4 \
-    scv --batches 128 --reps 2 --output-lens 64 192 --memory 0.92
+  step scv_b128_clock scv_bench --batches 128 --policies no_spec fixed_k2 fixed_k4 scv --reps 2 \
+    --load-multiple 4 --output-lens 64 192
+  step scv_draft_b128_L4_profile scv_step_profile --engines no_spec fixed_k2 scv scv_fixed2 \
+    --batches 128 --profile-batches 128 --acceptance-length 4 --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
