@@ -164,9 +164,16 @@ class AcceptanceEstimator:
     the drafts it was given, and the policy gives most to those that accept (with half the
     requests accepting everything and half nothing, the pool said 0.9, and every new request
     was given drafts until its own rejections outweighed that). Where no request of the batch
-    has evidence, it is the engine's recent acceptance over all drafts (the same counts, pooled,
+    has that much evidence left, it is the other requests' recent verdicts, pooled, with the
+    engine's recent acceptance over all drafts worth one observation (the same counts, pooled,
     forgetting per verify step rather than per step; the Jeffreys prior, half an acceptance and
-    half a rejection, for the pool).
+    half a rejection, for the pool). A shared probe gives every idle request one verdict, which
+    counts for less than one observation a step later: with the pool alone as the prior, a
+    batch of 128 whose traffic had turned (acceptance length 1.5, then 4) was priced at 0.59
+    after a shared probe whose verdicts said 0.75, as the pool still remembered the old
+    traffic, and it did not draft until the next shared probe, hundreds of steps later
+    (``scv_sim.py --batches 128 --carry``). A request's own verdicts stay out of its prior:
+    alone, it would count them twice.
     """
 
     def __init__(self, window: int) -> None:
@@ -217,7 +224,11 @@ class AcceptanceEstimator:
         accepted, rejected = self._decayed(self._table.rows(req_ids))
         evidence = accepted + rejected
         seen = evidence >= 1.0
-        prior = float(np.mean(accepted[seen] / evidence[seen])) if seen.any() else self._prior
+        if seen.any():
+            prior = float(np.mean(accepted[seen] / evidence[seen]))
+        else:  # the other requests' verdicts, pooled, with the engine's pool worth one
+            prior = ((accepted.sum() - accepted + self._prior)
+                     / (evidence.sum() - evidence + 1.0))
         return (accepted + prior) / (evidence + 1.0)
 
     def forget(self, req_id: str) -> None:

@@ -303,6 +303,33 @@ def test_a_new_request_starts_at_the_batchs_requests_not_at_their_drafts():
     assert estimator.rate("new") > 0.6  # alone (no batch evidence): the pooled drafts
 
 
+def test_a_shared_probes_fresh_verdicts_outweigh_the_pools_old_traffic():
+    """The pool remembers a long spell of rejections; then the traffic turns and a shared probe
+    gives each of 128 requests one verdict, three in four accepted. A step later no request has
+    a whole observation's evidence left, and the batch is priced from those verdicts, not from
+    the pool's old traffic (that said 0.39 here)."""
+    estimator = AcceptanceEstimator(window=16)
+    old = [f"old{r}" for r in range(128)]
+    for _ in range(100):  # one verify step's verdicts at a time, as the policy observes them
+        estimator.tick()
+        estimator.observe_many(old, np.full(128, 2), np.zeros(128, dtype=int))
+    for req in old:
+        estimator.forget(req)
+    batch = [f"new{r}" for r in range(128)]
+    estimator.tick()
+    estimator.observe_many(batch, np.ones(128, dtype=int), (np.arange(128) % 4 != 0).astype(int))
+    estimator.tick()
+    rates = estimator.rates(batch)
+    assert 0.7 < rates.mean() < 0.8
+    # A request alone is not its own prior: a rejected probe's verdict is not counted twice.
+    alone = AcceptanceEstimator(window=16)
+    alone.tick()
+    alone.observe("r", 1, 0)
+    alone.tick()
+    pool = 0.5 / 2.0  # the Jeffreys prior and one rejection
+    assert alone.rate("r") == pytest.approx(pool / (15 / 16 + 1.0))
+
+
 def random_steps(true_cost: StepCost, count: int, seed: int = 1, requests=(64, 128)):
     """Steps of random budgets, tokens and graphs, with ``requests`` in ``[low, high)`` (one
     band of concurrency by default, 64-127)."""
