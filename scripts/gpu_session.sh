@@ -23,17 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. In the fortieth session the probe clock was fixed (ae5ac42: no shared
-# probe had come for about 1,500 steps after the benchmarks' warm-up); the issue's cells with
-# draft_model have not run since. First batch 128 with draft_model (the first cell, L=1.5, now
-# probes; L=3 then starts from the low acceptance L=1.5 leaves), then where SCV's budget-2 steps
-# with draft_model lost 13% to fixed k=2's at L=4 (scv_probe_clock_b128_L4_2026-11-24_h200.json),
-# profiled.
+# The next session's plan. In the forty-first session the batch's prior was changed (197cb7f):
+# where no request has a whole observation left, it is the other requests' fresh verdicts, not
+# the engine's pool alone (a shared probe's verdicts were outweighed by old traffic, and L=3 and
+# L=4 after L=1.5 did not draft). First the issue's cells at batch 128 with draft_model, carried
+# over in the benchmark's order (L=1.5, L=3, L=4, the mix); then SCV's GPU test with NWOR on the
+# probe clock fix and this change; then the same cells with ngram_gpu.
 stream0() {
-  step scv_b128_clock scv_bench --batches 128 --policies no_spec fixed_k2 fixed_k4 scv --reps 2 \
+  step scv_b128_prior scv_bench --batches 128 --policies no_spec fixed_k2 fixed_k4 scv --reps 2 \
     --load-multiple 4 --output-lens 64 192
-  step scv_draft_b128_L4_profile scv_step_profile --engines no_spec fixed_k2 scv scv_fixed2 \
-    --batches 128 --profile-batches 128 --acceptance-length 4 --reps 2
+  step gpu_tests_scv_nwor tests tests/gpu/test_engine_gpu.py -k scv_with_nwor
+  step scv_ngram_b128_prior scv_bench --method ngram_gpu --batches 128 \
+    --policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)
