@@ -3,7 +3,8 @@
 Engines side by side (``--engines``), all with async scheduling, on a uniform workload (L=1.5
 by default, ``--acceptance-length``; per-request synthetic acceptance, as in ``scv_bench.py``):
 no speculation, fixed k=2, 4 and 8, SCV adaptive, SCV held at its largest chunk (8: SCV's
-machinery without its choices, ``scv_fixed``; at chunk 2, ``scv_fixed2``), and SCV held at
+machinery without its choices, ``scv_fixed``; at chunk 2 or 4, ``scv_fixed2``, ``scv_fixed4``:
+the steps of one budget, traced, to price against the fixed k's own), and SCV held at
 chunk 0 by a given cost model (``scv_cost_model``: verification priced far above its worth,
 probes rare), which isolates the spec path's floor from SCV's choices. ``--method ngram_gpu``:
 the speculative engines draft with ngram_gpu (``vllm_k0`` and ``vllm_ngram_k0`` keep theirs).
@@ -62,7 +63,7 @@ PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 100
 CHUNK0_PARTS = ("plan", "record", "telemetry")
 """The plugin's host work of a chunk-0 step, each left out by its own engine."""
 ENGINES = ("no_spec", "no_spec_v1", "fixed_k2", "fixed_k4", "fixed_k8", "scv", "scv_fixed",
-           "scv_fixed2", "scv_chunk0", "scv_chunk0_bare",
+           "scv_fixed2", "scv_fixed4", "scv_chunk0", "scv_chunk0_bare",
            *(f"scv_chunk0_no_{part}" for part in CHUNK0_PARTS), "scv_chunk0_trim_wait",
            "vllm_k0", "vllm_ngram_k0")
 VLLM_K0 = [[1, 1 << 20, 0]]
@@ -84,8 +85,11 @@ def configs(target: str, draft: str, max_batch: int, share: float,
             out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}
         if name == "scv_fixed":
             out[name]["speculative_config"] = {**speculative, "scv": "fixed"}
-        if name == "scv_fixed2":  # against fixed k=2: the same verify chunks, an engine of k=8
-            out[name]["speculative_config"] = {**speculative, "scv": "fixed", "scv_chunk_size": 2}
+        if name in ("scv_fixed2", "scv_fixed4"):  # against fixed k=2 or 4: the same verify
+            # chunks, an engine of k=8
+            chunk = int(name.removeprefix("scv_fixed"))
+            out[name]["speculative_config"] = {**speculative, "scv": "fixed",
+                                               "scv_chunk_size": chunk}
         if name == "scv_chunk0_trim_wait":
             out[name][ABLATE_KEY] = ["trim_wait"]
         elif name.startswith("scv_chunk0_"):  # without (some of) the plugin's own host work

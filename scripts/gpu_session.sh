@@ -35,6 +35,10 @@ stream0() {
   step gpu_tests_scv_nwor tests tests/gpu/test_engine_gpu.py -k scv_with_nwor
   step scv_ngram_b128_prior scv_bench --method ngram_gpu --batches 128 \
     --policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4 --output-lens 64 192
+  # Then: SCV planned budget 2 at L=4 with draft_model, where fixed k=4 ran 1.43x fixed k=2;
+  # SCV's machinery held at chunk 2 and at 4 traces both budgets' steps in one run.
+  step scv_draft_b128_L4_budgets scv_step_profile --engines no_spec fixed_k2 fixed_k4 scv \
+    scv_fixed2 scv_fixed4 --batches 128 --no-profile --acceptance-length 4 --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
