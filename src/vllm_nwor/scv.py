@@ -169,8 +169,8 @@ class AcceptanceEstimator:
     forgetting per verify step rather than per step; the Jeffreys prior, half an acceptance and
     half a rejection, for the pool). A shared probe gives every idle request one verdict, which
     counts for less than one observation a step later: with the pool alone as the prior, a
-    batch of 128 whose traffic had turned (acceptance length 1.5, then 4) was priced at 0.59
-    after a shared probe whose verdicts said 0.75, as the pool still remembered the old
+    batch of 128 whose traffic had turned (acceptance length 1.5 and 3, then 4) was priced at 0.59
+    after a shared probe whose verdicts said 0.89, as the pool still remembered the old
     traffic, and it did not draft until the next shared probe, hundreds of steps later
     (``scv_sim.py --batches 128 --carry``). A request's own verdicts stay out of its prior:
     alone, it would count them twice.
