@@ -23,22 +23,18 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. In the forty-first session the batch's prior was changed (197cb7f):
-# where no request has a whole observation left, it is the other requests' fresh verdicts, not
-# the engine's pool alone (a shared probe's verdicts were outweighed by old traffic, and L=3 and
-# L=4 after L=1.5 did not draft). First the issue's cells at batch 128 with draft_model, carried
-# over in the benchmark's order (L=1.5, L=3, L=4, the mix); then SCV's GPU test with NWOR on the
-# probe clock fix and this change; then the same cells with ngram_gpu.
+# The next session's plan. The forty-first session changed the batch's prior (197cb7f: where no
+# request has a whole observation left, it is the other requests' fresh verdicts, not the
+# engine's pool alone) and ran the issue's cells at batch 128 with both drafters on one noisy
+# machine (scv_b128_prior_..., scv_ngram_gpu_b128_prior_...), then draft_model's two worst cells
+# on another (scv_b128_L15_L4_...). First the four draft_model cells again, on a new machine;
+# then budgets 2 and 4 traced at L=4 (three engines: six, and four with fixed_k2, ran out of
+# GPU memory, each draft_model engine holding about 36 GiB).
 stream0() {
-  step scv_b128_prior scv_bench --batches 128 --policies no_spec fixed_k2 fixed_k4 scv --reps 2 \
+  step scv_b128_again scv_bench --batches 128 --policies no_spec fixed_k2 fixed_k4 scv --reps 2 \
     --load-multiple 4 --output-lens 64 192
-  step gpu_tests_scv_nwor tests tests/gpu/test_engine_gpu.py -k scv_with_nwor
-  step scv_ngram_b128_prior scv_bench --method ngram_gpu --batches 128 \
-    --policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4 --output-lens 64 192
-  # Then: SCV planned budget 2 at L=4 with draft_model, where fixed k=4 ran 1.43x fixed k=2;
-  # SCV's machinery held at chunk 2 and at 4 traces both budgets' steps in one run.
-  step scv_draft_b128_L4_budgets scv_step_profile --engines no_spec fixed_k2 fixed_k4 scv \
-    scv_fixed2 scv_fixed4 --batches 128 --no-profile --acceptance-length 4 --reps 2
+  step scv_draft_b128_L4_budgets scv_step_profile --engines fixed_k4 scv_fixed2 scv_fixed4 \
+    --batches 128 --no-profile --acceptance-length 4 --reps 2
 }
 
 gpus=$(nvidia-smi -L | wc -l)
