@@ -183,11 +183,6 @@ class AcceptanceEstimator:
         self._pool = (0.0, 0.0)  # all requests' accepted and rejected counts, decayed
         self._prior = 0.5
 
-    @property
-    def steps(self) -> int:
-        """Ticks so far: the scheduler steps the policy has planned."""
-        return self._step
-
     def tick(self) -> None:
         self._step += 1
 
