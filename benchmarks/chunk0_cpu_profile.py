@@ -33,9 +33,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import CPU_ENGINE, count_engine_steps, environment, write_result  # noqa: E402
+from common import (  # noqa: E402
+    CPU_ENGINE,
+    PINNED_AT_ZERO,
+    count_engine_steps,
+    environment,
+    write_result,
+)
 
-PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
 ENGINES = ("no_spec", "vllm_k0", "scv_chunk0")
 # A step's phases: (label, file path fragment, function), each with all it calls (cumulative
 # time); the runner's phases nest inside execute_model and sample_tokens.

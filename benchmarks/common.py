@@ -17,6 +17,10 @@ CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, 
                   max_num_batched_tokens=2048, enforce_eager=True, gpu_memory_utilization=0.3,
                   disable_log_stats=False, enable_prefix_caching=False, seed=0)
 
+PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
+"""SCV's speculative keys that hold every request at chunk 0: verification priced out, no
+probes. An engine with them runs SCV's machinery and vLLM's speculative runner, drafting nothing."""
+
 
 def count_engine_steps(llm) -> list[int]:
     """A counter of the engine core's steps (the core in this process), as a one-item list the

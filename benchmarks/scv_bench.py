@@ -14,6 +14,11 @@ Policies, each its own engine process:
 - ``scv_fixed2``: a diagnostic too: SCV's machinery held at chunk 2 (``scv: fixed``) in an
   engine built for 8 drafts, as ``scv`` is. Against ``fixed_k2`` it shows what a step costs
   SCV over vLLM's own k=2 at the same budget, apart from any choice.
+- ``scv_chunk0``: a diagnostic: SCV held at chunk 0 (verification priced out, no probes), so
+  plain decoding through SCV's machinery and vLLM's speculative model runner.
+- ``no_spec_v1``: a diagnostic: plain decoding on vLLM's V1 model runner, the one every
+  draft_model and ngram engine gets (plain decoding gets V2). Between ``no_spec`` and
+  ``scv_chunk0`` it places what a step costs SCV at chunk 0: the runner, or the plugin.
 - ``no_spec_aa``: a control, not a policy: a second engine without speculation, built as
   ``no_spec`` is. Its ratio over the best other (``no_spec_aa_over_best_other``; ``no_spec``
   where plain decoding is best) is the run's A/A spread: how far two identical engines side
@@ -69,9 +74,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge  # noqa: E402
+from common import PINNED_AT_ZERO, append_jsonl, parse_or_merge  # noqa: E402
 from gpu_engines import (  # noqa: E402
     ABLATE_KEY,
+    ENV_KEY,
     ORACLE,
     OUTPUT_LEN,
     OUTPUT_LEN_KEY,
@@ -89,16 +95,17 @@ from gpu_engines import (  # noqa: E402
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
-            "scv_oracle", "scv_fixed2", "scv_full_graphs", "no_spec_aa")
-SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2", "scv_full_graphs")
-"""SCV's rows: ``scv`` and three diagnostics: ``scv_oracle`` (SCV planning with the
+            "scv_oracle", "scv_fixed2", "scv_full_graphs", "scv_chunk0", "no_spec_aa",
+            "no_spec_v1")
+SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2", "scv_full_graphs", "scv_chunk0")
+"""SCV's rows: ``scv`` and four diagnostics: ``scv_oracle`` (SCV planning with the
 workload's true acceptance rates, which a real engine cannot know), ``scv_fixed2`` (SCV's
-machinery held at chunk 2) and ``scv_full_graphs`` (SCV with vLLM's ``cudagraph_mode`` FULL,
+machinery held at chunk 2), ``scv_full_graphs`` (SCV with vLLM's ``cudagraph_mode`` FULL,
 where FULL graphs take batches of unequal chunks too; the other policies keep vLLM's default
-FULL_AND_PIECEWISE)."""
-COMPARED_ROWS = (*SCV_ROWS, "no_spec_aa")
-"""The rows compared with the best of the others and never one of them: SCV's, and the A/A
-control ``no_spec_aa``."""
+FULL_AND_PIECEWISE) and ``scv_chunk0`` (SCV held at chunk 0)."""
+COMPARED_ROWS = (*SCV_ROWS, "no_spec_aa", "no_spec_v1")
+"""The rows compared with the best of the others and never one of them: SCV's, the A/A
+control ``no_spec_aa`` and plain decoding on the V1 runner, ``no_spec_v1``."""
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
 DRAFTERS = {"draft_model": "2-layer draft model (same shape and vocabulary, dummy weights)",
             "ngram_gpu": "vLLM's ngram_gpu, prompt lookup of 2 to 4 tokens"}
@@ -122,6 +129,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
                   max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=memory_share,
                   seed=0, disable_log_stats=False, enable_prefix_caching=False,
                   async_scheduling=True)
+    if policy == "no_spec_v1":
+        return {**kwargs, ENV_KEY: {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
     if policy in ("no_spec", "no_spec_aa"):
         return kwargs
     k = {"fixed_k2": 2, "fixed_k4": 4}.get(policy, 8)
@@ -141,6 +150,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
         speculative["scv"] = "adaptive"
     if policy == "scv_fixed2":
         speculative.update(scv="fixed", scv_chunk_size=2)
+    if policy == "scv_chunk0":
+        speculative.update(PINNED_AT_ZERO)
     if policy == "scv_oracle":
         kwargs[ABLATE_KEY] = [ORACLE]
     if policy == "scv_full_graphs":

@@ -43,10 +43,14 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
+from common import (  # noqa: E402
+    PINNED_AT_ZERO,
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+)
 from gpu_engines import (  # noqa: E402
     ABLATE_KEY,
-    ENV_KEY,
     agreement,
     alternate,
     prompts,
@@ -56,9 +60,6 @@ from gpu_engines import (  # noqa: E402
     write_models,
 )
 from scv_bench import METHODS, REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
-
-PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
-
 
 CHUNK0_PARTS = ("plan", "record", "telemetry")
 """The plugin's host work of a chunk-0 step, each left out by its own engine."""
@@ -75,11 +76,9 @@ def configs(target: str, draft: str, max_batch: int, share: float,
     ``--method``), but for ``vllm_k0`` and ``vllm_ngram_k0``, whose drafters are their own."""
     out = {}
     for name in names:
-        policy = "scv" if name.startswith(("scv_chunk0", "scv_fixed")) else {
-            "no_spec_v1": "no_spec"}.get(name, "fixed_k8" if name.startswith("vllm_") else name)
+        policy = "scv" if name.startswith(("scv_chunk0", "scv_fixed")) else (
+            "fixed_k8" if name.startswith("vllm_") else name)
         out[name] = engine_kwargs(policy, target, draft, max_batch, share, method)
-        if name == "no_spec_v1":  # the model runner every draft_model/ngram engine gets
-            out[name][ENV_KEY] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
         speculative = out[name].get("speculative_config")
         if name.startswith("scv_chunk0"):
             out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}

@@ -23,18 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The forty-first session changed the batch's prior (197cb7f: where no
-# request has a whole observation left, it is the other requests' fresh verdicts, not the
-# engine's pool alone) and ran the issue's cells at batch 128 with both drafters on one noisy
-# machine (scv_b128_prior_..., scv_ngram_gpu_b128_prior_...), then draft_model's two worst cells
-# on another (scv_b128_L15_L4_...). First the four draft_model cells again, on a new machine;
-# then budgets 2 and 4 traced at L=4 (three engines: six, and four with fixed_k2, ran out of
-# GPU memory, each draft_model engine holding about 36 GiB).
+# The next session's plan. draft_model at L=1.5, batch 128, with admissions: SCV at chunk 0 in
+# 98% of its steps ran at 0.81-0.83 of plain decoding. Placed first: plain decoding on vLLM's V1
+# runner (no_spec_v1) and SCV held at chunk 0 (scv_chunk0) beside plain decoding and SCV. Then
+# L=4 and the mix again, where fixed k=4 beat SCV's budget 2.
 stream0() {
-  step scv_b128_again scv_bench --batches 128 --policies no_spec fixed_k2 fixed_k4 scv --reps 2 \
-    --load-multiple 4 --output-lens 64 192
-  step scv_draft_b128_L4_budgets scv_step_profile --engines fixed_k4 scv_fixed2 scv_fixed4 \
-    --batches 128 --no-profile --acceptance-length 4 --reps 2
+  step scv_b128_L15_placed scv_bench --batches 128 --workloads uniform_L1.5 \
+    --policies no_spec no_spec_v1 scv_chunk0 scv --reps 3 --load-multiple 4 --output-lens 64 192
+  step scv_b128_L4_again scv_bench --batches 128 --workloads uniform_L4 mixed_L1.2_and_full \
+    --policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)
