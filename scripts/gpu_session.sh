@@ -23,15 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. draft_model at L=1.5, batch 128, with admissions: SCV at chunk 0 in
-# 98% of its steps ran at 0.81-0.83 of plain decoding. Placed first: plain decoding on vLLM's V1
-# runner (no_spec_v1) and SCV held at chunk 0 (scv_chunk0) beside plain decoding and SCV. Then
-# L=4 and the mix again, where fixed k=4 beat SCV's budget 2.
+# The next session's plan. draft_model at L=4, batch 128, with admissions (output lengths
+# spread): SCV's budget-2 steps took about 55 ms where fixed k=2's median step took 25-29 ms
+# (scv_b128_L4_mix_2026-11-25_h200.json). First SCV's machinery held at chunk 2 beside fixed
+# k=2 and SCV, sampling the host's stacks in every step over 40 ms; then the mix and L=1.5 again.
 stream0() {
-  step scv_b128_L15_placed scv_bench --batches 128 --workloads uniform_L1.5 \
-    --policies no_spec no_spec_v1 scv_chunk0 scv --reps 3 --load-multiple 4 --output-lens 64 192
-  step scv_b128_L4_again scv_bench --batches 128 --workloads uniform_L4 mixed_L1.2_and_full \
-    --policies no_spec fixed_k2 fixed_k4 scv --reps 2 --load-multiple 4 --output-lens 64 192
+  NWOR_BENCH_SLOW_STEP_MS=40 step scv_b128_L4_slow scv_bench --batches 128 \
+    --workloads uniform_L4 --policies fixed_k2 scv_fixed2 scv --reps 2 --load-multiple 4 \
+    --output-lens 64 192
+  step scv_b128_mix_L15_again scv_bench --batches 128 --workloads uniform_L1.5 \
+    mixed_L1.2_and_full --policies no_spec fixed_k4 scv --reps 2 --load-multiple 4 \
+    --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)
