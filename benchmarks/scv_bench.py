@@ -274,6 +274,48 @@ def compare(group_tables: list[dict[str, float]]) -> tuple[dict[str, float], dic
     return tok_s, ratios
 
 
+def host_adjusted(runs: dict[str, list[dict]]) -> dict | None:
+    """The compared rows' ratios over the best other with the host's speed taken out, from one
+    group's runs of one cell (``runs_by_rep`` by policy). A diagnostic beside the headline.
+
+    At batch 128 the step loop is bound by the host, and the host's speed moves during a run:
+    the fastest of five timings of a fixed Python loop (``gpu_engines.host_probe_ms``, before
+    and after each run) ranged from 3.3 to 8.3 ms within one session, and a policy's
+    throughput moved with it (docs/scv_results.md, forty-second session). A policy whose runs
+    met a slow host loses in the headline for that alone. This fits, over the group's runs,
+    log(steady throughput) = a[policy] + b * log(probe), one slope ``b`` for all policies,
+    and compares the levels ``a``: each policy at the same host speed. It assumes the host
+    slows every policy alike, which need not hold (more steps per token, more host work);
+    ``slope`` and ``r2`` say how well it fits. None where a policy has no steady window or
+    no probe, where there are fewer than two runs more than policies, or where the probe
+    did not move."""
+    points = [(policy, run["steady"]["tokens"] / run["steady"]["seconds"],
+               statistics.mean(run["host"]["probe_ms"]))
+              for policy, policy_runs in runs.items() for run in policy_runs
+              if (run.get("steady") or {}).get("seconds") and (run.get("host") or {}).get(
+                  "probe_ms")]
+    policies = list(runs)
+    if ({p for p, *_ in points} != set(policies) or len(points) < len(policies) + 2
+            or len({probe for *_, probe in points}) < 2):
+        return None
+    design = np.zeros((len(points), len(policies) + 1))
+    for i, (policy, _, probe) in enumerate(points):
+        design[i, policies.index(policy)], design[i, -1] = 1.0, np.log(probe)
+    observed = np.log([tok_s for _, tok_s, _ in points])
+    fit = np.linalg.lstsq(design, observed, rcond=None)[0]
+    residual = observed - design @ fit
+    spread = np.sum((observed - observed.mean()) ** 2)
+    level = dict(zip(policies, fit[:-1], strict=True))
+    others = [p for p in policies if p not in COMPARED_ROWS]
+    if not others:
+        return None
+    best = max(level[p] for p in others)
+    return {"slope": round(float(fit[-1]), 3),
+            "r2": round(float(1 - np.sum(residual ** 2) / spread), 3) if spread else None,
+            "over_best_other": {p: round(float(np.exp(level[p] - best)), 4)
+                                for p in policies if p in COMPARED_ROWS}}
+
+
 def merge(jsonl: Path, result: Path) -> None:
     """One cell per (batch, workload). ``tok_s``: each policy's throughput in its group (SCV's
     is the mean over groups); ``scv_over_best_other``: the smallest, over groups, of SCV over
@@ -293,7 +335,9 @@ def merge(jsonl: Path, result: Path) -> None:
     by_rep: dict[str, dict[tuple[int, str], dict[str, list]]] = {
         "gc_pauses": {}, "runs": {}, "slow_steps": {}}
     measures: set[str] = set()
+    adjusted: dict[tuple[int, str], list[dict | None]] = {}  # by group: host_adjusted
     for record in records:
+        group_runs: dict[tuple[int, str], dict[str, list[dict]]] = {}
         tables: dict[tuple[int, str], dict[str, float]] = {}
         steady_tables: dict[tuple[int, str], dict[str, float | None]] = {}
         for row in record["rows"]:
@@ -301,6 +345,7 @@ def merge(jsonl: Path, result: Path) -> None:
             tables.setdefault(key, {})[row["policy"]] = row["tok_s"]
             steady_tables.setdefault(key, {})[row["policy"]] = row.get("tok_s_steady")
             acceptance.setdefault(key, {})[row["policy"]] = row.get("acceptance")
+            group_runs.setdefault(key, {})[row["policy"]] = row.get("runs_by_rep") or []
             if "agreement_with_no_spec" in row:  # the lowest over groups
                 agreements = agreement_by_cell.setdefault(key, {})
                 agreements[row["policy"]] = min(agreements.get(row["policy"], 1.0),
@@ -318,6 +363,7 @@ def merge(jsonl: Path, result: Path) -> None:
             measures.add("steady window" if headline is steady else "whole run")
             groups.setdefault(key, []).append(headline)
             whole_runs.setdefault(key, []).append(tok_s)
+            adjusted.setdefault(key, []).append(host_adjusted(group_runs[key]))
     cells = []
     for (batch, workload), group_tables in sorted(groups.items()):
         tok_s, ratios = compare(group_tables)
@@ -327,9 +373,15 @@ def merge(jsonl: Path, result: Path) -> None:
             if ratios[name]:
                 diagnostics[f"{name}_over_best_other"] = min(ratios[name])
                 diagnostics[f"{name}_over_best_other_by_group"] = ratios[name]
+        host = adjusted[(batch, workload)]
+        host_scv = [g["over_best_other"]["scv"] for g in host
+                    if g is not None and "scv" in g["over_best_other"]]
         cells.append({"batch": batch, "workload": workload, "tok_s": tok_s,
                       "scv_over_best_other": min(ratios["scv"]) if ratios["scv"] else None,
                       **diagnostics, "scv_over_best_other_by_group": ratios["scv"],
+                      # the same with the host's speed taken out (host_adjusted)
+                      "scv_over_best_other_host_adjusted": min(host_scv) if host_scv else None,
+                      "host_adjusted_by_group": host,
                       "groups": group_tables,
                       "tok_s_whole_run": whole_tok_s,
                       "scv_over_best_other_whole_run": (min(whole_ratios["scv"])

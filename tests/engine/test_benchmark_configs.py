@@ -117,6 +117,34 @@ def test_scv_merge_takes_the_steady_window_where_every_policy_of_a_group_has_one
     assert result["measure"] == ["steady window", "whole run"]
 
 
+def test_scv_merge_takes_the_hosts_speed_out_beside_the_headline(tmp_path):
+    """Two policies equally fast at the same host speed; SCV's runs met a host twice as slow
+    (``host.probe_ms``). The headline says SCV lost; the host-adjusted ratio says it did not."""
+    scv = importlib.import_module("scv_bench")
+
+    def runs(probes: list[float]) -> list[dict]:  # throughput in inverse proportion to probe
+        return [{"seconds": 1.0, "steady": {"seconds": probe / 4, "tokens": 100},
+                 "host": {"probe_ms": [probe, probe]}} for probe in probes]
+
+    by_policy = {"no_spec": runs([4.0, 4.4]), "scv": runs([8.0, 7.0])}
+    rows = [{"policy": p, "batch": 128, "workload": "w", "tok_s": 1.0,
+             "tok_s_steady": statistics.median(100 / r["steady"]["seconds"] for r in rs),
+             "runs_by_rep": rs} for p, rs in by_policy.items()]
+    record = {"policies": list(by_policy), "gpu_memory_share": 0.3, "reps": 2,
+              "prompt_len": 128, "startup_seconds": {}, "rows": rows}
+    jsonl = tmp_path / "scv.jsonl"
+    jsonl.write_text(json.dumps(record) + "\n")
+    (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H200"}))
+    scv.merge(jsonl, tmp_path / "scv.json")
+    (cell,) = json.loads((tmp_path / "scv.json").read_text())["cells"]
+    assert cell["scv_over_best_other"] < 0.6
+    assert cell["scv_over_best_other_host_adjusted"] == 1.0
+    (group,) = cell["host_adjusted_by_group"]
+    assert group["slope"] == -1.0 and group["r2"] == 1.0
+    # too few runs to fit a slope beside the levels: no adjusted ratio, not a guess
+    assert scv.host_adjusted({p: rs[:1] for p, rs in by_policy.items()}) is None
+
+
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
