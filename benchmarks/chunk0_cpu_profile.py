@@ -9,7 +9,10 @@ on the tiny CPU pair:
 - ``no_spec``: no speculation;
 - ``vllm_k0``: vLLM's draft_model path held at k = 0 by its own per-batch-size schedule, no
   plugin feature on;
-- ``scv_chunk0``: SCV held at chunk 0 by a given cost model (as in ``scv_step_profile.py``).
+- ``scv_chunk0``: SCV held at chunk 0 by a given cost model (as in ``scv_step_profile.py``);
+- ``vllm_k2``: vLLM's draft_model path at k = 2, no plugin key (whatever ``--k`` says);
+- ``scv_fixed2``: SCV in an engine built for k = 8, every chunk held at 2 (``scv: fixed``,
+  ``scv_chunk_size: 2``), against ``vllm_k2``: the same drafts verified.
 
 Engines alternate round by round; the result has each engine's median seconds per step, the
 ratio to ``no_spec``, and from one more run under cProfile, each phase of vLLM's step (scheduler,
@@ -41,7 +44,7 @@ from common import (  # noqa: E402
     write_result,
 )
 
-ENGINES = ("no_spec", "vllm_k0", "scv_chunk0")
+ENGINES = ("no_spec", "vllm_k0", "scv_chunk0", "vllm_k2", "scv_fixed2")
 # A step's phases: (label, file path fragment, function), each with all it calls (cumulative
 # time); the runner's phases nest inside execute_model and sample_tokens.
 PHASES = (
@@ -64,7 +67,12 @@ PHASES = (
 def speculative_config(name: str, draft: str, k: int) -> dict | None:
     if name == "no_spec":
         return None
+    k = {"vllm_k2": 2, "scv_fixed2": 8}.get(name, k)
     config = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    if name == "vllm_k2":
+        return config
+    if name == "scv_fixed2":
+        return {**config, "scv": "fixed", "scv_chunk_size": 2}
     if name == "vllm_k0":
         return {**config, "num_speculative_tokens_per_batch_size": [[1, 1 << 20, 0]]}
     return {**config, "scv": "adaptive", **PINNED_AT_ZERO}
@@ -173,7 +181,9 @@ def main() -> None:
         print(name, cell)
     write_result(args.result, {
         **environment(), "benchmark": "chunk0_cpu_profile",
-        "workload": {"batch": args.batch, "k": args.k, "max_tokens": args.max_tokens,
+        "workload": {"batch": args.batch, "max_tokens": args.max_tokens,
+                     "k_by_engine": {name: (speculative_config(name, "d", args.k) or {}).get(
+                         "num_speculative_tokens", 0) for name in runs},
                      "prompt_len": 32, "rounds": args.rounds, "model": "tiny CPU pair",
                      "scheduling": "vLLM's default on the CPU (sync)"},
         "cells": cells,
