@@ -23,16 +23,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. draft_model at L=4, batch 128, with admissions (output lengths
-# spread): SCV's budget-2 steps took about 55 ms where fixed k=2's median step took 25-29 ms
-# (scv_b128_L4_mix_2026-11-25_h200.json). First SCV's machinery held at chunk 2 beside fixed
-# k=2 and SCV, sampling the host's stacks in every step over 40 ms; then the mix and L=1.5 again.
+# The next session's plan. The forty-second session found the host's speed (host.probe_ms)
+# moving 2.5x within a run and throughput at batch 128 with it; --merge now fits it out beside
+# the headline, but with two runs a policy the fit is weak. draft_model's L=4 and the mix at
+# batch 128 again, three repetitions: L=4 stayed below 0.9 on three machines of four, and the
+# mix came to 1.24 on a slow host and 0.875 on a fast one.
 stream0() {
-  NWOR_BENCH_SLOW_STEP_MS=40 step scv_b128_L4_slow scv_bench --batches 128 \
-    --workloads uniform_L4 --policies fixed_k2 scv_fixed2 scv --reps 2 --load-multiple 4 \
-    --output-lens 64 192
-  step scv_b128_mix_L15_again scv_bench --batches 128 --workloads uniform_L1.5 \
-    mixed_L1.2_and_full --policies no_spec fixed_k4 scv --reps 2 --load-multiple 4 \
+  step scv_b128_L4_mix_reps3 scv_bench --batches 128 --workloads uniform_L4 \
+    mixed_L1.2_and_full --policies no_spec fixed_k2 fixed_k4 scv --reps 3 --load-multiple 4 \
     --output-lens 64 192
 }
 
