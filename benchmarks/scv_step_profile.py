@@ -76,12 +76,11 @@ def configs(target: str, draft: str, max_batch: int, share: float,
     ``--method``), but for ``vllm_k0`` and ``vllm_ngram_k0``, whose drafters are their own."""
     out = {}
     for name in names:
-        policy = "scv" if name.startswith(("scv_chunk0", "scv_fixed")) else (
-            "fixed_k8" if name.startswith("vllm_") else name)
+        policy = ("scv_chunk0" if name.startswith("scv_chunk0") else
+                  "scv" if name.startswith("scv_fixed") else
+                  "fixed_k8" if name.startswith("vllm_") else name)
         out[name] = engine_kwargs(policy, target, draft, max_batch, share, method)
         speculative = out[name].get("speculative_config")
-        if name.startswith("scv_chunk0"):
-            out[name]["speculative_config"] = {**speculative, **PINNED_AT_ZERO}
         if name == "scv_fixed":
             out[name]["speculative_config"] = {**speculative, "scv": "fixed"}
         if name in ("scv_fixed2", "scv_fixed4"):  # against fixed k=2 or 4: the same verify
