@@ -66,9 +66,11 @@ This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires 
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -111,6 +113,7 @@ class RequestTable:
         self._defaults = defaults
         self._index: dict[str, int] = {}
         self._free: list[int] = []
+        self._last: tuple[list[str] | None, np.ndarray] = (None, np.zeros(0, dtype=np.intp))
         self.columns = {name: np.full(16, value) for name, value in defaults.items()}
 
     def __len__(self) -> int:
@@ -120,15 +123,26 @@ class RequestTable:
         return req_id in self._index
 
     def rows(self, req_ids: Sequence[str]) -> np.ndarray:
-        """The rows of ``req_ids``, in order; requests not seen before get rows of defaults."""
+        """The rows of ``req_ids``, in order (read-only); requests not seen before get rows of
+        defaults. The last answer is kept for the same ids: a step asks for its batch's rows
+        several times."""
+        if req_ids == self._last[0]:
+            return self._last[1]
         index = self._index
         try:
-            return np.fromiter((index[r] for r in req_ids), dtype=np.intp, count=len(req_ids))
-        except KeyError:  # a new request: give every one of them a row, then look up again
-            for req_id in req_ids:
-                if req_id not in index:
+            rows = np.fromiter(map(index.__getitem__, req_ids), dtype=np.intp,
+                               count=len(req_ids))
+        except KeyError:  # new requests: a row each
+            rows = np.fromiter(map(index.get, req_ids, repeat(-1)), dtype=np.intp,
+                               count=len(req_ids))
+            for i in np.flatnonzero(rows < 0).tolist():
+                req_id = req_ids[i]
+                if req_id not in index:  # (it may come twice)
                     index[req_id] = self._new_row()
-            return self.rows(req_ids)
+                rows[i] = index[req_id]
+        rows.flags.writeable = False
+        self._last = (list(req_ids), rows)
+        return rows
 
     def _new_row(self) -> int:
         if self._free:
@@ -149,6 +163,7 @@ class RequestTable:
         row = self._index.pop(req_id, None)
         if row is not None:
             self._free.append(row)
+            self._last = (None, self._last[1])
 
 
 class AcceptanceEstimator:
@@ -455,14 +470,15 @@ class StepCostModel:
         y = y - x[:, ~varies] @ last[~varies]
         x = x[:, varies]
         base = self._row_weights(kept)
-        theta = nonnegative_least_squares(x, y, base)
+        theta = nonnegative_least_squares(x, y, base, start=(last > 0)[varies])
         for _ in range(3):  # Huber weights: full weight within two robust deviations
             residual = np.abs(y - x @ theta)
             scale = 1.4826 * float(np.median(residual))
             if scale <= 0:
                 break
             huber = np.minimum(1.0, 2.0 * scale / np.maximum(residual, 1e-12))
-            theta = nonnegative_least_squares(x, y, huber if base is None else base * huber)
+            theta = nonnegative_least_squares(x, y, huber if base is None else base * huber,
+                                              start=theta > 0)
         last[varies] = theta
         self._theta = last
         fields = len(StepCost._fields)  # a plan step after step: its terms and the next's
@@ -477,9 +493,16 @@ class StepCostModel:
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
-                              weights: np.ndarray | None = None) -> np.ndarray:
+                              weights: np.ndarray | None = None,
+                              start: np.ndarray | None = None) -> np.ndarray:
     """``argmin sum(weights * (x @ theta - y)**2)`` over ``theta >= 0`` (Lawson and Hanson's
-    active-set method on the normal equations: a few solves of at most ``columns`` square)."""
+    active-set method on the normal equations: a few solves of at most ``columns`` square).
+
+    ``start``: the terms to try first (by column, those a fit of nearly the same steps kept):
+    where the fit on them alone keeps every one of them above 0, the search begins there
+    instead of from none, and usually ends at once, with the same fit. The cost model refits
+    every 32 steps and four times at each (the Huber reweightings); from none, each fit added
+    its terms one by one, a solve each."""
     w = np.ones(len(y)) if weights is None else weights
     gram, moment = (x.T * w) @ x, (x.T * w) @ y
     columns = x.shape[1]
@@ -496,6 +519,10 @@ def nonnegative_least_squares(x: np.ndarray, y: np.ndarray,
             z[support] = np.linalg.lstsq(sub_gram, sub_moment, rcond=None)[0]
         return z
 
+    if start is not None and start.any():
+        z = solve(np.flatnonzero(start))
+        if (z[start] > 0).all():
+            theta, passive = z, start.copy()
     for _ in range(3 * columns):
         gradient = moment - gram @ theta
         candidates = np.where(passive, -np.inf, gradient)
@@ -615,12 +642,19 @@ class ChunkPolicy:
 
     def observe(self, chunks: Iterable[SpecChunk]) -> None:
         """Records the verdicts of one verify step (at most one chunk per request)."""
-        chunks = [chunk for chunk in chunks if chunk.size]
+        chunks = list(chunks)
         if not chunks:
             return
-        req_ids = [chunk.req_id for chunk in chunks]
-        sizes = np.fromiter((c.size for c in chunks), int, len(chunks))
-        accepted = np.fromiter((c.accepted for c in chunks), int, len(chunks))
+        req_ids, drafts, _, accepted = zip(*chunks, strict=True)
+        sizes = np.fromiter(map(len, drafts), int, len(drafts))
+        accepted = np.array(accepted, dtype=int)
+        if not sizes.all():  # chunks of size 0 verify nothing
+            kept = sizes > 0
+            req_ids = [r for r, keep in zip(req_ids, kept.tolist(), strict=True) if keep]
+            sizes, accepted = sizes[kept], accepted[kept]
+            if not req_ids:
+                return
+        req_ids = list(req_ids)
         self.acceptance.observe_many(req_ids, sizes, accepted)
         rows = self._requests.rows(req_ids)
         columns = self._requests.columns
@@ -913,33 +947,42 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
         held = share.sum(axis=-1)
         return n * w.sum() / held, n + n * (share * sizes).sum(axis=-1) / held
 
-    def value(sizes):  # sizes: [..., n]
-        tokens_out, tokens_in = settled(sizes)
-        budget = sizes.max(axis=-1)
-        off_graph = ~on_full_graph(sizes.min(axis=-1) == budget, tokens_in, max_graph_tokens,
-                                   mixed_graphs)
-        seconds = cost.seconds(n, tokens_in, budget, off_graph) + charge[sizes, columns].sum(-1)
-        return tokens_out / np.maximum(seconds, 1e-12)
+    def value(share, share_sizes, charges, budget, lowest):
+        """Plans' tokens per second and tokens out per step, from each request's share of the
+        slots (``w / E`` at its chunk), that times its chunk, and its catch-up charge (None:
+        none), ``[..., n]``; ``budget`` and ``lowest``: each plan's longest and shortest
+        chunk."""
+        held = share.sum(axis=-1)
+        tokens_out, tokens_in = n * w.sum() / held, n + n * share_sizes.sum(axis=-1) / held
+        off_graph = ~on_full_graph(lowest == budget, tokens_in, max_graph_tokens, mixed_graphs)
+        seconds = cost.seconds(n, tokens_in, budget, off_graph)
+        if charges is not None:
+            seconds = seconds + charges.sum(-1)
+        return tokens_out / np.maximum(seconds, 1e-12), tokens_out
 
-    if exit_early and min(cost) >= 0 and not _drafts_can_win(gain, w, cost, max_graph_tokens,
+    if exit_early and min(cost) >= 0 and not _drafts_can_win(a, gain, w, cost, max_graph_tokens,
                                                                 mixed_graphs):
         return np.zeros(n, dtype=int)
     # Every request verifying D: the plans that can replay FULL decode graphs.
-    uniform = np.broadcast_to(budgets[:, None], (len(budgets), n))
-    uniform_value = value(uniform)
+    uniform_share = w / gain
+    uniform_value, uniform_out = value(uniform_share, uniform_share * budgets[:, None],
+                                       charge if catch_up is not None else None, budgets,
+                                       budgets)
     if exit_early and min(cost) >= 0 and uniform_value[0] > np.max(
-            settled(uniform[1:])[0] / cost.seconds(n, n, budgets[1:], False), initial=0.0):
+            uniform_out[1:] / cost.seconds(n, n, budgets[1:], False), initial=0.0):
         # No plan with drafts can beat none: with budget D a plan yields at most what every
         # request at chunk D does, and costs at least a step of n tokens on the graphs.
         return np.zeros(n, dtype=int)
     uniform_best = int(np.argmax(uniform_value))
-    chosen, best = float(uniform_value[uniform_best]), uniform[uniform_best]
+    chosen, best = float(uniform_value[uniform_best]), np.full(n, uniform_best)
     if n == 1:  # every plan of one request is uniform: the search above was all of them
-        return np.array(best, dtype=int)
+        return best
     # The requests whose rate reaches a quantile of the batch's (0, 1/4, 1/2, 3/4, 7/8) are
     # those whose rate reaches the order statistic at or above it (np.quantile took a fifth
     # of the planning's host time).
     floors = np.unique(np.sort(a)[np.ceil((n - 1) * QUANTILES).astype(int)])
+    drawn = a >= floors[:, None]  # [floor, n]
+    everyone = drawn.all(axis=1)
     tokens_per_second = float(uniform_value[max_chunk])
     tokens_in = n * (1 + max_chunk)  # the plan whose rate tokens_per_second is
     for _ in range(3):
@@ -954,23 +997,34 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             paid = gain[limit, columns] - 1 > tokens_per_second * (
                 cost.per_token_at(tokens_in) * limit + charge[limit, columns])
             limit = np.where(paid, limit, 0)
-        # [floor, D, n]: min(D, limit) for the requests whose rate reaches the floor, else 0
-        sizes = np.minimum(budgets[:, None], limit) * (a >= floors[:, None, None])
-        values = value(sizes)
-        choice = np.unravel_index(int(np.argmax(values)), values.shape)
-        if values[choice] > chosen:
-            chosen, best = float(values[choice]), sizes[choice]
+        # The plans [floor, D]: min(D, limit) for the requests whose rate reaches the floor,
+        # else 0 (whose share is w, as gain[0] is 1). Each request's terms at min(D, limit),
+        # gathered once, then taken or not by floor. A budget past every limit repeats the
+        # plan of the longest limit: left out.
+        at = np.minimum(budgets[:int(limit.max()) + 1, None], limit)  # [D, n]
+        share = w / gain[at, columns]
+        taken = drawn[:, None, :]
+        charges = None if catch_up is None else np.where(taken, charge[at, columns], 0.0)
+        longest = np.max(limit * drawn, axis=1)  # by floor: the longest limit drawn
+        shortest = np.where(everyone, limit.min(), 0)
+        values, _ = value(np.where(taken, share, w), np.where(taken, share * at, 0.0), charges,
+                          np.minimum(budgets[:len(at)], longest[:, None]),
+                          np.minimum(budgets[:len(at)], shortest[:, None]))
+        floor, budget = np.unravel_index(int(np.argmax(values)), values.shape)
+        if values[floor, budget] > chosen:
+            chosen = float(values[floor, budget])
+            best = np.where(drawn[floor], at[budget], 0)
         if chosen == tokens_per_second:
             break  # a fixed point: the next iteration would choose the same plan
         tokens_per_second, tokens_in = chosen, float(settled(best)[1])
     return np.array(best, dtype=int)
 
 
-def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
+def _drafts_can_win(a: np.ndarray, gain: np.ndarray, w: np.ndarray, cost: StepCost,
                      max_graph_tokens: int | None, mixed_graphs: bool) -> bool:
     """Whether some plan with drafts might beat the plan without (False: none can), for
-    :func:`choose_sizes` (``gain[c, i]``: request ``i``'s tokens at chunk ``c``; ``w``: the
-    arrival weights; every term of ``cost`` at least 0).
+    :func:`choose_sizes` (``a``: the rates; ``gain[c, i]``: request ``i``'s tokens at chunk
+    ``c``; ``w``: the arrival weights; every term of ``cost`` at least 0).
 
     A plan with budget ``D`` costs at least ``S_D``, a step of ``n`` tokens at that budget
     (off the graphs where every such plan is), plus ``p`` for each draft it settles into
@@ -982,9 +1036,28 @@ def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
     a chunk up to ``D`` makes it positive (catch-up charges, left out, only add cost). At
     batch 256 on the H200 that keeps L=3 at chunk 0 without the search, which the bound by
     budget alone (every request at chunk ``D``, priced as a step of ``n`` tokens) never did:
-    a step's drafts cost mostly per token there, and that bound leaves them out."""
-    n = gain.shape[1]
-    budgets = np.arange(len(gain))
+    a step's drafts cost mostly per token there, and that bound leaves them out. A request's
+    term grows with its rate, so where every rate is at most the one at which no term is
+    positive (:func:`_bars`, the same for every batch of ``n`` under ``cost``), none is."""
+    bars, floor = _bars(gain.shape[1], len(gain) - 1, cost, max_graph_tokens, mixed_graphs)
+    if bars is None:
+        return True
+    if a.max() <= floor:
+        return False
+    terms = 1 - bars[:, :, None] / gain[None]  # [D, c, i]; a chunk over its budget: -inf
+    best = terms.max(axis=1)[1:] @ w  # by budget D >= 1
+    return bool(np.any(best > -1e-9 * w.sum()))  # a tie (to rounding) is searched
+
+
+@functools.lru_cache(maxsize=256)
+def _bars(n: int, max_chunk: int, cost: StepCost, max_graph_tokens: int | None,
+          mixed_graphs: bool) -> tuple[np.ndarray | None, float]:
+    """For :func:`_drafts_can_win`, at ``n`` requests: ``bars[D, c] = S_D / S_0 + v * c``
+    (infinite for ``c > D``), which a request's ``gain[c]`` must pass for its term to be
+    positive (None where the plain step costs nothing), and the rate below which none does
+    (with a margin, so that such terms sum below the tie). Cached: a batch's size and the
+    cost fit change far less often than steps come."""
+    budgets = np.arange(max_chunk + 1)
     # Off the graphs for certain where even the plan of budget D most likely on them is not:
     # the fewest tokens (n + D) with mixed graphs, else every request at D (only uniform plans
     # replay). With D = 0 this is the plain step.
@@ -993,14 +1066,24 @@ def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
     least = cost.seconds(n, n, budgets, off)  # S_D; S_0 is the plain step
     plain = least[0]
     if plain <= 0:
-        return True
-    per_draft_token = n * cost.per_token_at(n * len(gain)) / plain  # v, the least it can be
-    # terms[D, c, i]: request i at chunk c in a plan of budget D (c > D: not a candidate)
-    terms = 1 - (least[:, None, None] / plain
-                 + per_draft_token * budgets[None, :, None]) / gain[None]
-    terms[budgets[None, :] > budgets[:, None]] = -np.inf
-    best = terms.max(axis=1)[1:] @ w  # by budget D >= 1
-    return bool(np.any(best > -1e-9 * w.sum()))  # a tie (to rounding) is searched
+        return None, 0.0
+    per_draft_token = n * cost.per_token_at(n * len(budgets)) / plain  # v, the least it can be
+    bars = least[:, None] / plain + per_draft_token * budgets[None, :]
+    bars[budgets[None, :] > budgets[:, None]] = np.inf
+    bars.flags.writeable = False
+    # The highest rate at which no chunk's gain (1 + r + ... + r**c) passes its lowest bar
+    # less 1e-8 of it (every term then stays below -1e-8): on a grid, then on a finer one
+    # between the last rate below and the first above. Gain grows with the rate.
+    target = bars[1:, 1:].min(axis=0) / (1 + 1e-8)  # by chunk c >= 1
+    low, high = 0.0, 1.0
+    for _ in range(2):
+        grid = np.linspace(low, high, 257)
+        below = (np.cumsum(grid[:, None] ** budgets, axis=1)[:, 1:] <= target).all(axis=1)
+        if not below[0]:
+            break  # (only at rate 0: no rate is below)
+        last = len(grid) - 1 if below.all() else int(np.argmin(below)) - 1
+        low, high = float(grid[last]), float(grid[min(last + 1, len(grid) - 1)])
+    return bars, low
 
 
 def expected_tokens(rate: float, size: int) -> float:

@@ -527,6 +527,48 @@ def test_nonnegative_least_squares_finds_the_best_support():
         assert float(weights @ (x @ theta - y) ** 2) == pytest.approx(best, rel=1e-6, abs=1e-9)
 
 
+def test_nonnegative_least_squares_from_a_start_ends_at_the_same_fit():
+    """The cost model starts each fit from the terms the last one kept: from a start that fits
+    (the best support), one that does not (a term the best fit drops) and one that misses
+    terms, the fit is the one found from none."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        rows, columns = int(rng.integers(20, 80)), int(rng.integers(2, 10))
+        x = rng.uniform(0, 1, (rows, columns)) * rng.uniform(0.01, 100, columns)
+        y = x @ (rng.uniform(-1, 1, columns) * (rng.random(columns) < 0.7))
+        y = y + rng.normal(0, 0.05, rows)
+        weights = rng.uniform(0.1, 1, rows)
+        cold = nonnegative_least_squares(x, y, weights)
+        for start in (cold > 0, ~(cold > 0), rng.random(columns) < 0.5):
+            warm = nonnegative_least_squares(x, y, weights, start=start)
+            assert warm == pytest.approx(cold, rel=1e-7, abs=1e-12)
+
+
+def best_term(bars: np.ndarray, rate: float) -> float:
+    """A request's best term of the early exit (``scv._drafts_can_win``) at ``rate``."""
+    gain = np.cumsum(rate ** np.arange(len(bars)))
+    return float(np.max(1 - bars[1:, 1:] / gain[None, 1:]))
+
+
+def test_rate_floor_of_the_early_exit_is_safe_and_close():
+    """Below the rate ``_bars`` gives, no request's term of the early exit is positive (every
+    batch of such requests is kept at chunk 0 without the search); a little above it, one is."""
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(300):
+        n = int(rng.integers(1, 300))
+        cost = StepCost(*rng.uniform(0, 1e-2, 2) * [1, 1e-4],
+                        *rng.uniform(0, 2e-3, 2) * [1, 1e-2], rng.choice([0.0, 2e-3]),
+                        *rng.uniform(0, 2e-3, 3) * [1, 1, 1e-4],
+                        *rng.uniform(0, 5e-5, 4) * (rng.random(4) < 0.5))
+        bars, floor = scv._bars(n, 8, cost, rng.choice([None, 96, 512]), bool(rng.random() < .3))
+        assert best_term(bars, floor) < -1e-9
+        if floor < 1 - 1e-4:
+            assert best_term(bars, floor + 1e-4) > -1e-6
+            checked += 1
+    assert checked > 100
+
+
 def test_cost_model_learns_that_a_token_costs_less_in_a_larger_step():
     """A forward over few tokens is bound by memory, over many by compute: on the H200 a plain
     step cost about 0.04 ms more per request from batch 1 to 128, and a step of 1,152 tokens
@@ -865,6 +907,24 @@ def test_request_table_grows_and_reuses_the_rows_of_forgotten_requests():
     row = table.rows(["new"])[0]
     assert row == rows[7]  # the freed row, back at its defaults
     assert table.columns["count"][row] == 0 and table.columns["wait"][row] == 4
+
+
+def test_request_table_answers_again_from_its_last_lookup_until_a_request_goes():
+    """A step looks its batch up several times; the answer is kept, read-only, and not kept
+    past a forgotten request (whose row the next new request takes)."""
+    table = RequestTable(count=0)
+    ids = ["a", "b", "c"]
+    first = table.rows(ids)
+    assert table.rows(list(ids)) is first and not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0] = 5
+    table.columns["count"][first] = [1, 2, 3]
+    table.forget("b")
+    again = table.rows(ids)  # b comes back: a row of defaults (its old one, freed)
+    assert again.tolist() == first.tolist() and table.columns["count"][again].tolist() == [1, 0, 3]
+    table.forget("b")
+    assert table.rows(["a", "new", "c"]).tolist() == first.tolist()  # "new" took b's row
+    assert table.rows(["x", "x"]).tolist() == [3, 3]  # one row for a request named twice
 
 
 def test_settings_are_checked():
