@@ -7,6 +7,7 @@ inter-token latency and the spec-decode and NWOR counter deltas.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import json
@@ -189,6 +190,7 @@ def engine_main(conn, kwargs: dict) -> None:
     oracle = ORACLE in ablations
     if oracle:
         use_oracle(llm)
+    scv_host = time_scv_policy(llm)
     budget_changes, steps = trace_scv(llm)
     gc_pauses = record_gc_pauses()
     step_seconds = time_engine_steps(llm)
@@ -264,6 +266,7 @@ def engine_main(conn, kwargs: dict) -> None:
         gc_pauses.clear()
         step_seconds.clear()
         nwor_host_before = dict(nwor_host) if nwor_host is not None else None
+        scv_host_before = dict(scv_host) if scv_host is not None else None
         clocks = ClockSampler()
         probe_before = host_probe_ms()
         host_before = host_usage()
@@ -318,6 +321,10 @@ def engine_main(conn, kwargs: dict) -> None:
             "step_ms": step_summary(step_seconds),
             "gpu_clocks": gpu_clocks,
             "host": host,
+            # SCV's policy's host time per step (time_scv_policy), in microseconds
+            "scv_policy_us_per_step": None if scv_host is None or not step_seconds else round(
+                1e6 * (scv_host["seconds"] - scv_host_before["seconds"]) / len(step_seconds),
+                2),
             # NWOR's host work per step outside the layers (time_nwor_host), in microseconds
             "nwor_host_us_per_step": None if nwor_host is None or not step_seconds else round(
                 1e6 * (nwor_host["seconds"] - nwor_host_before["seconds"]) / len(step_seconds),
@@ -486,16 +493,7 @@ def time_nwor_host(llm) -> dict | None:
     ``seconds`` and ``calls``, or None where NWOR is off or the engine core runs in its own
     process. Each timed call costs about 0.2 us more."""
     totals = {"seconds": 0.0, "calls": 0}
-
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals["seconds"] += time.perf_counter() - start
-                totals["calls"] += 1
-        return wrapper
+    timed = functools.partial(timed_into, totals)
 
     def install(worker) -> bool:
         from vllm_nwor.patches.model_runner import INTERCEPTOR_ATTR
@@ -512,6 +510,33 @@ def time_nwor_host(llm) -> dict | None:
     if scheduler_of(llm) is None:  # the engine core is in its own process
         return None
     return totals if any(llm.collective_rpc(install)) else None
+
+
+def timed_into(totals: dict, fn):
+    """``fn``, adding each call's seconds and count to ``totals`` (``seconds``, ``calls``)."""
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals["seconds"] += time.perf_counter() - start
+            totals["calls"] += 1
+    return wrapper
+
+
+def time_scv_policy(llm) -> dict | None:
+    """Times SCV's policy on the engine core's thread (benchmark diagnostics): its calls from
+    the scheduler patch, ``plan``, ``observe``, ``observe_step`` and ``forget``, as running
+    totals ``seconds`` and ``calls``; None where SCV is off or its engine core runs in its own
+    process. Installed before :func:`trace_scv`, so that the tracing is not counted. At batch
+    128 a plain step is bound by the host (about 7 ms on the H200), so what the policy takes of
+    it counts."""
+    policy, totals = scv_policy(llm), {"seconds": 0.0, "calls": 0}
+    if policy is None:
+        return None
+    for name in ("plan", "observe", "observe_step", "forget"):
+        setattr(policy, name, timed_into(totals, getattr(policy, name)))
+    return totals
 
 
 def step_summary(durations: list[float]) -> dict | None:

@@ -224,7 +224,10 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                                            "steady": r.get("steady"),
                                            "gpu_clocks": r.get("gpu_clocks"),
                                            "host": r.get("host"),
-                                           "step_ms": r.get("step_ms")} for r in runs[policy]]
+                                           "step_ms": r.get("step_ms"),
+                                           "scv_policy_us_per_step": r.get(
+                                               "scv_policy_us_per_step")}
+                                          for r in runs[policy]]
                     scv = [r["scv"] for r in runs[policy] if r.get("scv")]
                     if scv:  # what SCV chose: steps by draft budget, uniform plans, its costs
                         counters = total([x["counters"] for x in scv])

@@ -470,7 +470,8 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
 def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
     """The GPU benchmarks' engine process (``gpu_engines.Engine``), on the real CPU engine:
     the warm-up covers every chunk size, and a run comes back with SCV's counters for that run
-    alone, its budget changes and every step its cost model observed."""
+    alone, its budget changes, every step its cost model observed and the policy's host time per
+    step."""
     from engine_utils import PROMPTS, engine_options, spec_config
 
     gpu_engines = importlib.import_module("gpu_engines")
@@ -501,6 +502,7 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
         assert 0 < observed <= len(scv["steps"]) <= planned <= gpu_engines.OUTPUT_LEN + 2
         assert all(len(step) == 8 for step in scv["steps"])
         assert len(run["tokens"]) == 2
+        assert run["scv_policy_us_per_step"] > 0  # the policy's host time, timed
 
 
 def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
