@@ -23,13 +23,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The forty-second session found the host's speed (host.probe_ms)
-# moving 2.5x within a run and throughput at batch 128 with it; --merge now fits it out beside
-# the headline, but with two runs a policy the fit is weak. draft_model's L=4 and the mix at
-# batch 128 again, three repetitions: L=4 stayed below 0.9 on three machines of four, and the
-# mix came to 1.24 on a slow host and 0.875 on a fast one.
+# The next session's plan. The forty-third session cut SCV's policy's host time per step by
+# 10-45% on the CPU (same choices); at batch 128 a plain step is bound by the host. Batch 128,
+# draft_model: L=1.5 (plain decoding best), L=4 (fixed k=2 best) and the mix, three
+# repetitions; each run now reports the policy's own host time per step.
 stream0() {
-  step scv_b128_L4_mix_reps3 scv_bench --batches 128 --workloads uniform_L4 \
+  step scv_b128_three scv_bench --batches 128 --workloads uniform_L1.5 uniform_L4 \
     mixed_L1.2_and_full --policies no_spec fixed_k2 fixed_k4 scv --reps 3 --load-multiple 4 \
     --output-lens 64 192
 }
