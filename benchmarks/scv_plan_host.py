@@ -11,7 +11,8 @@ drafts' verdicts drawn at the workload's acceptance and its duration from a step
 
 Two ways are compared in one run, alternating by repetition: ``search`` (every step that
 the bound by budget alone does not settle searches the plans, as before 2026-11-23) and
-``bounded`` (``choose_sizes``' early exit by request, ``scv._drafts_can_win``). With
+``bounded`` (``choose_sizes``' early exit by request, ``scv._drafts_can_win`` and its rate
+floor ``scv._below_floor``). With
 ``--against REV`` the two are instead the policy module as it was at git revision ``REV``
 and as it is now, both bounded: a change meant to cut the policy's host time, measured. The
 result has each one's median microseconds per step, their ratio, and whether their choices
@@ -73,14 +74,19 @@ def drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int 
           request_bound: bool = True, module=scv):
     """Seconds of the policy's work per step (plan, observe, observe_step; not the drawing of
     verdicts), after a warm-up, and its budget counts; without ``request_bound``, the early
-    exit by request is switched off (``search``). ``module``: the policy's module."""
-    bound = module._drafts_can_win
+    exit by request is switched off (``search``): ``_drafts_can_win``, and its rate floor
+    ``_below_floor`` where the module has one. ``module``: the policy's module."""
+    bound, floor = module._drafts_can_win, getattr(module, "_below_floor", None)
     if not request_bound:
         module._drafts_can_win = lambda *args: True
+        if floor is not None:
+            module._below_floor = lambda *args: False
     try:
         return _drive(rates, batch, steps, module.StepCost(*cost), seed, module)
     finally:
         module._drafts_can_win = bound
+        if floor is not None:
+            module._below_floor = floor
 
 
 def _drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int, module=scv):

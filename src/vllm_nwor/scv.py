@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple
@@ -194,7 +194,8 @@ class AcceptanceEstimator:
     def __init__(self, window: int) -> None:
         self.decay = 1.0 - 1.0 / window
         self._step = 0
-        self._table = RequestTable(accepted=0.0, rejected=0.0, last=0.0)
+        # own: the share of its verdicts that were acceptances (forgetting scales both alike)
+        self._table = RequestTable(accepted=0.0, rejected=0.0, last=0.0, own=0.0)
         self._pool = (0.0, 0.0)  # all requests' accepted and rejected counts, decayed
         self._prior = 0.5
 
@@ -216,8 +217,10 @@ class AcceptanceEstimator:
         old_accepted, old_rejected = self._decayed(rows)
         rejected = (accepted < sizes).astype(float)
         columns = self._table.columns
-        columns["accepted"][rows] = old_accepted + accepted
-        columns["rejected"][rows] = old_rejected + rejected
+        new_accepted, new_rejected = old_accepted + accepted, old_rejected + rejected
+        columns["accepted"][rows] = new_accepted
+        columns["rejected"][rows] = new_rejected
+        columns["own"][rows] = new_accepted / (new_accepted + new_rejected)
         columns["last"][rows] = self._step
         # The pool forgets per verify step, not per step: while nothing is verified the
         # traffic's acceptance is what the last verdicts said (forgetting it there drifted the
@@ -240,6 +243,14 @@ class AcceptanceEstimator:
             prior = ((accepted.sum() - accepted + self._prior)
                      / (evidence.sum() - evidence + 1.0))
         return (accepted + prior) / (evidence + 1.0)
+
+    def rate_bound(self, req_ids: Sequence[str]) -> float:
+        """At least every rate :meth:`rates` gives ``req_ids``, for less: each rate is a mean of
+        the request's own share of acceptances and a prior that is a mean of such shares (of
+        the batch's requests, or of the others' and the engine's pool), so none is above the
+        highest own share or the pool. A subclass that rates otherwise says 1."""
+        rows = self._table.rows(req_ids)  # (first: a new request may grow the columns)
+        return max(float(self._table.columns["own"][rows].max(initial=0.0)), self._prior)
 
     def forget(self, req_id: str) -> None:
         self._table.forget(req_id)
@@ -603,6 +614,7 @@ class ChunkPolicy:
         self._requests = RequestTable(idle_from=-1, probe_wait=settings.probe_interval,
                                       awaiting=0, behind=0, planned=0, steps=0, made=0)
         self._planned_rows = np.zeros(0, dtype=np.intp)  # the last plan's rows
+        self._planned_any = False  # whether the last plan gave any request a chunk
         self.caught_up = 0
         """Positions the lazy draft sync catches up in this plan's step (the requests it
         drafts that were behind)."""
@@ -724,35 +736,47 @@ class ChunkPolicy:
 
     # -- what to do next -------------------------------------------------------------------
 
-    def plan(self, req_ids: Sequence[str], *, remaining: Sequence[int] | None = None,
+    def plan(self, req_ids: Sequence[str], *,
+             remaining: Sequence[int] | Callable[[], Sequence[int]] | None = None,
              scheduled: Mapping[str, int] | None = None) -> dict[str, int]:
         """Chunk sizes for the next verify step of ``req_ids`` (the running batch).
 
         Called once per scheduler step, also when no request holds drafts. With the lazy draft
         sync (:attr:`ScvSettings.lazy_draft_sync`), ``scheduled`` is every request this step
         runs (prompt chunks too) with its tokens, and ``remaining`` each of ``req_ids``' tokens
-        left at most: a request behind is drafted only where its catch-up, spread over the
-        steps it has left, pays (:func:`choose_sizes`).
+        left at most (or a function that returns them, called only where the plan needs them):
+        a request behind is drafted only where its catch-up, spread over the steps it has
+        left, pays (:func:`choose_sizes`).
         """
         req_ids = list(req_ids)
         rows = self._requests.rows(req_ids)
         sizes = self._choose(req_ids, rows, remaining)
-        self._budget = int(sizes.max(initial=0))
+        self._budget = budget = int(sizes.max(initial=0))
         self.caught_up = 0
         if self.settings.lazy_draft_sync and scheduled is not None:
-            self.caught_up = self._follow_draft_sync(rows[sizes > 0], scheduled)
-        self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
+            self.caught_up = self._follow_draft_sync(rows[sizes > 0] if budget else rows[:0],
+                                                     scheduled)
         columns = self._requests.columns
         planned = columns["planned"]
-        planned[self._planned_rows] = 0  # (a row freed since holds 0 again when reused)
-        planned[rows] = sizes
-        self._planned_rows = rows
+        if budget:
+            self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
+            planned[self._planned_rows] = 0  # (a row freed since holds 0 again when reused)
+            planned[rows] = sizes
+        else:  # (a plan of zeros after another leaves every row at 0)
+            self._plan = dict.fromkeys(req_ids, 0)
+            if self._planned_any:
+                planned[self._planned_rows] = 0
+        self._planned_rows, self._planned_any = rows, bool(budget)
         columns["steps"][rows] += 1  # each step makes each request one token, and its
         columns["made"][rows] += 1  # accepted drafts (observe)
-        short = np.flatnonzero(sizes < self.drafts_asked())
-        self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
-        self.budget_counts[self._budget] += 1
-        self.uniform_plans += int(sizes.min(initial=self._budget)) == self._budget
+        asked = self.drafts_asked()
+        if budget or asked:
+            short = np.flatnonzero(sizes < asked)
+            self._cuts = [(req_ids[i], int(sizes[i])) for i in short]
+        else:
+            self._cuts = []
+        self.budget_counts[budget] += 1
+        self.uniform_plans += int(sizes.min(initial=budget)) == budget
         return self._plan
 
     def _follow_draft_sync(self, drafted_rows: np.ndarray, scheduled: Mapping[str, int]) -> int:
@@ -772,7 +796,8 @@ class ChunkPolicy:
         return caught_up
 
     def _choose(self, req_ids: list[str], rows: np.ndarray,
-                remaining: Sequence[int] | None = None) -> np.ndarray:
+                remaining: Sequence[int] | Callable[[], Sequence[int]] | None = None
+                ) -> np.ndarray:
         """Chunk sizes for ``req_ids`` (``rows``: theirs in the request table)."""
         k = self.settings.max_chunk
         self.probes = frozenset()
@@ -797,26 +822,41 @@ class ChunkPolicy:
             self.learning_step = self.cost.priced() and bool(sizes.any())
             return sizes
         step = self.steps
-        rates = self.acceptance.rates(req_ids)
-        # The batch is what its requests' own history settled it into (choose_sizes).
         columns = self._requests.columns
-        last = columns["planned"][rows]
-        history = (columns["made"][rows], columns["steps"][rows])
         cost = self.cost.coefficients
-        catch_up = None
-        if self.settings.lazy_draft_sync and remaining is not None and (
-                cost.per_caught_up or cost.catching_up):
-            behind = columns["behind"][rows]
-            left = np.maximum(np.fromiter(remaining, dtype=float, count=len(req_ids)), 1.0)
-            # The pass's own cost shared by the requests behind (drafted together, as a
-            # batch that drafts again is).
-            pass_share = cost.catching_up / max(int(np.count_nonzero(behind)), 1)
-            catch_up = np.where(behind > 0, pass_share + cost.per_caught_up * behind, 0) / left
-        sizes = choose_sizes(rates, k, cost, self.settings.max_graph_tokens,
-                             settled_under=last, history=history,
-                             mixed_graphs=self.settings.mixed_graphs, catch_up=catch_up)
-        if step % EXPLORE_INTERVAL == 0 and sizes.any():
-            sizes = self._explore_near(sizes)  # keep the cost model's terms apart
+        graphs, mixed = self.settings.max_graph_tokens, self.settings.mixed_graphs
+        floor = _rate_floor(len(req_ids), k, cost, graphs, mixed)
+        # A batch whose rates are all at most the floor is kept at chunk 0: what choose_sizes
+        # returns, without what it and its arguments cost, nor (under the bound) the rates. At
+        # batch 128 on the H200 a plain step is bound by the host, and most steps of a batch
+        # kept at chunk 0 end here.
+        if floor is not None and self.acceptance.rate_bound(req_ids) < floor - 1e-9:
+            rates = None
+        else:
+            rates = self.acceptance.rates(req_ids)
+        if rates is None or (floor is not None and _clipped_max(rates) <= floor):
+            sizes = np.zeros(len(req_ids), dtype=int)
+        else:
+            # The batch is what its requests' own history settled it into (choose_sizes).
+            last = columns["planned"][rows]
+            history = (columns["made"][rows], columns["steps"][rows])
+            catch_up = None
+            if self.settings.lazy_draft_sync and remaining is not None and (
+                    cost.per_caught_up or cost.catching_up):
+                behind = columns["behind"][rows]
+                if callable(remaining):
+                    remaining = remaining()
+                left = np.maximum(np.fromiter(remaining, dtype=float, count=len(req_ids)),
+                                  1.0)
+                # The pass's own cost shared by the requests behind (drafted together, as a
+                # batch that drafts again is).
+                pass_share = cost.catching_up / max(int(np.count_nonzero(behind)), 1)
+                catch_up = np.where(behind > 0, pass_share + cost.per_caught_up * behind,
+                                    0) / left
+            sizes = choose_sizes(rates, k, cost, graphs, settled_under=last, history=history,
+                                 mixed_graphs=mixed, catch_up=catch_up)
+            if step % EXPLORE_INTERVAL == 0 and sizes.any():
+                sizes = self._explore_near(sizes)  # keep the cost model's terms apart
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
         # that drafts anyway, or on the shared probe step.
         idle = sizes == 0
@@ -929,6 +969,8 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     n = len(rates)
     if n == 0:
         return np.zeros(0, dtype=int)
+    if exit_early and _below_floor(rates, max_chunk, cost, max_graph_tokens, mixed_graphs):
+        return np.zeros(n, dtype=int)
     a = np.clip(rates, 1e-9, 1 - 1e-9)
     log_a = np.log(a)
     budgets = np.arange(max_chunk + 1)
@@ -960,7 +1002,7 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
             seconds = seconds + charges.sum(-1)
         return tokens_out / np.maximum(seconds, 1e-12), tokens_out
 
-    if exit_early and min(cost) >= 0 and not _drafts_can_win(a, gain, w, cost, max_graph_tokens,
+    if exit_early and min(cost) >= 0 and not _drafts_can_win(gain, w, cost, max_graph_tokens,
                                                                 mixed_graphs):
         return np.zeros(n, dtype=int)
     # Every request verifying D: the plans that can replay FULL decode graphs.
@@ -1020,11 +1062,11 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     return np.array(best, dtype=int)
 
 
-def _drafts_can_win(a: np.ndarray, gain: np.ndarray, w: np.ndarray, cost: StepCost,
+def _drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
                      max_graph_tokens: int | None, mixed_graphs: bool) -> bool:
     """Whether some plan with drafts might beat the plan without (False: none can), for
-    :func:`choose_sizes` (``a``: the rates; ``gain[c, i]``: request ``i``'s tokens at chunk
-    ``c``; ``w``: the arrival weights; every term of ``cost`` at least 0).
+    :func:`choose_sizes` (``gain[c, i]``: request ``i``'s tokens at chunk ``c``; ``w``: the
+    arrival weights; every term of ``cost`` at least 0).
 
     A plan with budget ``D`` costs at least ``S_D``, a step of ``n`` tokens at that budget
     (off the graphs where every such plan is), plus ``p`` for each draft it settles into
@@ -1036,17 +1078,41 @@ def _drafts_can_win(a: np.ndarray, gain: np.ndarray, w: np.ndarray, cost: StepCo
     a chunk up to ``D`` makes it positive (catch-up charges, left out, only add cost). At
     batch 256 on the H200 that keeps L=3 at chunk 0 without the search, which the bound by
     budget alone (every request at chunk ``D``, priced as a step of ``n`` tokens) never did:
-    a step's drafts cost mostly per token there, and that bound leaves them out. A request's
-    term grows with its rate, so where every rate is at most the one at which no term is
-    positive (:func:`_bars`, the same for every batch of ``n`` under ``cost``), none is."""
-    bars, floor = _bars(gain.shape[1], len(gain) - 1, cost, max_graph_tokens, mixed_graphs)
+    a step's drafts cost mostly per token there, and that bound leaves them out."""
+    bars, _ = _bars(gain.shape[1], len(gain) - 1, cost, max_graph_tokens, mixed_graphs)
     if bars is None:
         return True
-    if a.max() <= floor:
-        return False
     terms = 1 - bars[:, :, None] / gain[None]  # [D, c, i]; a chunk over its budget: -inf
     best = terms.max(axis=1)[1:] @ w  # by budget D >= 1
     return bool(np.any(best > -1e-9 * w.sum()))  # a tie (to rounding) is searched
+
+
+def _below_floor(rates: np.ndarray, max_chunk: int, cost: StepCost,
+                 max_graph_tokens: int | None, mixed_graphs: bool) -> bool:
+    """Whether every rate is at most the one at which no request's term of
+    :func:`_drafts_can_win` is positive (:func:`_rate_floor`): then no plan with drafts can win,
+    whatever the weights, and a batch is kept at chunk 0 with none of the search's work. A
+    request's term grows with its rate."""
+    floor = _rate_floor(len(rates), max_chunk, cost, max_graph_tokens, mixed_graphs)
+    return floor is not None and _clipped_max(rates) <= floor
+
+
+def _clipped_max(rates: np.ndarray) -> float:
+    """The highest rate as :func:`choose_sizes` clips it."""
+    return min(max(float(rates.max()), 1e-9), 1 - 1e-9)
+
+
+def _rate_floor(n: int, max_chunk: int, cost: StepCost, max_graph_tokens: int | None,
+                mixed_graphs: bool) -> float | None:
+    """The rate floor of :func:`_bars` at ``n`` requests; None where there is none to use (no
+    request, a negative term of the cost, a plain step that costs nothing)."""
+    if n == 0 or min(cost) < 0:
+        return None
+    bars, floor = _bars(n, max_chunk, cost, max_graph_tokens, mixed_graphs)
+    return None if bars is None else floor
+
+
+_GRID = np.arange(65) / 64  # (:func:`_bars`' grids of rates)
 
 
 @functools.lru_cache(maxsize=256)
@@ -1072,12 +1138,12 @@ def _bars(n: int, max_chunk: int, cost: StepCost, max_graph_tokens: int | None,
     bars[budgets[None, :] > budgets[:, None]] = np.inf
     bars.flags.writeable = False
     # The highest rate at which no chunk's gain (1 + r + ... + r**c) passes its lowest bar
-    # less 1e-8 of it (every term then stays below -1e-8): on a grid, then on a finer one
-    # between the last rate below and the first above. Gain grows with the rate.
+    # less 1e-8 of it (every term then stays below -1e-8): on a grid, then on finer ones
+    # between the last rate below and the first above (to 64**-3). Gain grows with the rate.
     target = bars[1:, 1:].min(axis=0) / (1 + 1e-8)  # by chunk c >= 1
     low, high = 0.0, 1.0
-    for _ in range(2):
-        grid = np.linspace(low, high, 257)
+    for _ in range(3):
+        grid = low + (high - low) * _GRID
         below = (np.cumsum(grid[:, None] ** budgets, axis=1)[:, 1:] <= target).all(axis=1)
         if not below[0]:
             break  # (only at rate 0: no rate is below)

@@ -211,9 +211,10 @@ def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
     times, counts = plan_host.drive([0.95], batch=8, steps=200, cost=plan_host.H200_B256_L3)
     assert len(times) == 150 and min(times) > 0 and sum(counts) == 200
     assert sum(counts[1:]) > 100
-    bound = plan_host.scv._drafts_can_win
+    bound, floor = plan_host.scv._drafts_can_win, plan_host.scv._below_floor
     search = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, request_bound=False)
-    assert search[1] == counts and plan_host.scv._drafts_can_win is bound  # put back
+    assert search[1] == counts  # put back:
+    assert plan_host.scv._drafts_can_win is bound and plan_host.scv._below_floor is floor
     committed = plan_host.module_at("HEAD")  # --against: the policy as committed, apart
     assert committed.ChunkPolicy is not plan_host.scv.ChunkPolicy
     times, counts = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, module=committed)

@@ -909,6 +909,26 @@ def test_request_table_grows_and_reuses_the_rows_of_forgotten_requests():
     assert table.columns["count"][row] == 0 and table.columns["wait"][row] == 4
 
 
+def test_rate_bound_is_at_least_every_rate():
+    """The policy keeps a batch at chunk 0 from the bound alone where it is below the rate
+    floor, so it must hold for every state: requests with verdicts old and new, without any,
+    forgotten, and batches of which no request has a whole observation left."""
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        estimator = AcceptanceEstimator(int(rng.integers(1, 40)))
+        ids = [f"r{i}" for i in range(int(rng.integers(1, 40)))]
+        for _ in range(int(rng.integers(1, 80))):
+            estimator.tick()
+            judged = [r for r in ids if rng.random() < 0.3]
+            if judged:
+                sizes = rng.integers(1, 9, len(judged))
+                estimator.observe_many(judged, sizes, rng.integers(0, sizes + 1))
+            if rng.random() < 0.05:
+                estimator.forget(ids[int(rng.integers(len(ids)))])
+            batch = [r for r in ids if rng.random() < 0.7] or ids[:1]
+            assert estimator.rate_bound(batch) >= estimator.rates(batch).max() - 1e-12
+
+
 def test_request_table_answers_again_from_its_last_lookup_until_a_request_goes():
     """A step looks its batch up several times; the answer is kept, read-only, and not kept
     past a forgotten request (whose row the next new request takes)."""

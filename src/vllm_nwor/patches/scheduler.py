@@ -129,12 +129,12 @@ def _wrap_update_after_schedule(update_after_schedule):
         for req_id in scheduler_output.finished_req_ids:  # finished since the last schedule
             policy.forget(req_id)
         # Requests past their prompt after this step get drafts at its end: plan their chunks.
-        scheduled = scheduler_output.num_scheduled_tokens
-        req_ids = [r for r in scheduled if not self.requests[r].is_prefill_chunk]
+        scheduled, requests = scheduler_output.num_scheduled_tokens, self.requests
+        req_ids = [r for r in scheduled if not requests[r].is_prefill_chunk]
         remaining = None
-        if policy.settings.lazy_draft_sync:
-            requests = self.requests
-            remaining = [requests[r].max_tokens - requests[r].num_output_tokens for r in req_ids]
+        if policy.settings.lazy_draft_sync:  # (only where the plan prices catch-ups)
+            def remaining():
+                return [requests[r].max_tokens - requests[r].num_output_tokens for r in req_ids]
         plan = policy.plan(req_ids, remaining=remaining, scheduled=scheduled)
         budget = policy.draft_budget()
         scheduler_output.num_spec_tokens_to_schedule = policy.drafts_asked()
