@@ -23,14 +23,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The forty-third session cut SCV's policy's host time per step by
-# 10-45% on the CPU (same choices); at batch 128 a plain step is bound by the host. Batch 128,
-# draft_model: L=1.5 (plain decoding best), L=4 (fixed k=2 best) and the mix, three
-# repetitions; each run now reports the policy's own host time per step.
+# The next session's plan. The forty-third session measured SCV's policy inside the engine
+# (scv_policy_us_per_step: 0.5-0.9 ms a step at batch 128, L=1.5 and the mix, where plain
+# decoding's ~7 ms step is bound by the GPU) and cut it; two runs of one commit differed by up
+# to 0.32 a cell. Batch 128 again, with SCV held at chunk 0 beside it, so that the rest of
+# SCV's chunk-0 step cost (vLLM's speculative runner, the lazy draft sync) is seen apart.
 stream0() {
-  step scv_b128_three scv_bench --batches 128 --workloads uniform_L1.5 uniform_L4 \
-    mixed_L1.2_and_full --policies no_spec fixed_k2 fixed_k4 scv --reps 3 --load-multiple 4 \
-    --output-lens 64 192
+  step scv_b128_chunk0_beside scv_bench --batches 128 --workloads uniform_L1.5 \
+    mixed_L1.2_and_full --policies no_spec fixed_k4 scv scv_chunk0 --reps 3 \
+    --load-multiple 4 --output-lens 64 192
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -61,6 +61,11 @@ every request at ``D``, and each request at ``min(D, its own limit)``, all of th
 those whose rate reaches a quantile of the batch's; the best in steady state wins. A request
 behind pays its catch-up, spread over the steps it has left, in every plan that drafts it.
 
+The policy plans on the engine core's thread, so its own host time counts where a step is
+bound by the host: a batch under the rate floor is planned at chunk 0 from a bound on its rates
+(:meth:`AcceptanceEstimator.rate_bound`), and a steady plan holds for the next steps while
+planning costs more than ``PLAN_SHARE`` of a step (:meth:`ChunkPolicy.plan`).
+
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """
 
