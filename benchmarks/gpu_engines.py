@@ -223,8 +223,7 @@ def engine_main(conn, kwargs: dict) -> None:
                     "budget_seconds": [list(x) for x in policy.budget_seconds],
                     "uniform_plans": policy.uniform_plans,
                     "learning_excess": list(policy.learning_excess),
-                    "unpriced_plans": policy.unpriced_plans,
-                    "held_steps": policy.held_steps},
+                    "unpriced_plans": policy.unpriced_plans},
                 "traced": (len(budget_changes), len(steps)),
                 "coefficients": [float(c) for c in policy.cost.coefficients],
                 "graphs": [policy.settings.max_graph_tokens, policy.settings.mixed_graphs]}

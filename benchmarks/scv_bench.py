@@ -233,7 +233,6 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                         counters = total([x["counters"] for x in scv])
                         row["scv_budget_counts"] = counters["budget_counts"]
                         row["scv_uniform_plans"] = counters["uniform_plans"]
-                        row["scv_held_steps"] = counters.get("held_steps")  # (plan held)
                         row["scv_unpriced_plans"] = counters["unpriced_plans"]
                         # steps debited to the learning ledger, their measured ms over plain
                         debited, excess = counters["learning_excess"]

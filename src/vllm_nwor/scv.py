@@ -63,8 +63,7 @@ behind pays its catch-up, spread over the steps it has left, in every plan that 
 
 The policy plans on the engine core's thread, so its own host time counts where a step is
 bound by the host: a batch under the rate floor is planned at chunk 0 from a bound on its rates
-(:meth:`AcceptanceEstimator.rate_bound`), and a steady plan holds for the next steps while
-planning costs more than ``PLAN_SHARE`` of a step (:meth:`ChunkPolicy.plan`).
+(:meth:`AcceptanceEstimator.rate_bound`), without computing them.
 
 This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires it in.
 """
@@ -72,7 +71,6 @@ This module imports nothing from vLLM; :mod:`vllm_nwor.patches.scheduler` wires 
 from __future__ import annotations
 
 import functools
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,11 +82,6 @@ import numpy as np
 MODES = ("off", "fixed", "adaptive")
 EXPLORE_INTERVAL = 32
 """Every this many steps, a step that drafts verifies a plan near the chosen one instead."""
-PLAN_SHARE = 0.02
-"""The share of the engine's step time the policy's planning may take: where a plan takes
-more, it holds for the next steps (:meth:`ChunkPolicy.plan`)."""
-MAX_HOLD = 7
-"""The most steps a plan holds: the policy plans at least every ``MAX_HOLD + 1`` steps."""
 
 
 class SpecChunk(NamedTuple):
@@ -622,10 +615,8 @@ class ChunkPolicy:
         # planned: the request's chunk in the last plan (0 where it was not in it);
         # steps, made: the steps it was planned in and the tokens they made it (choose_sizes'
         # history).
-        # plan: the last plan (counted by _plans) the request was in.
         self._requests = RequestTable(idle_from=-1, probe_wait=settings.probe_interval,
-                                      awaiting=0, behind=0, planned=0, steps=0, made=0,
-                                      plan=-1)
+                                      awaiting=0, behind=0, planned=0, steps=0, made=0)
         self._planned_rows = np.zeros(0, dtype=np.intp)  # the last plan's rows
         self._planned_any = False  # whether the last plan gave any request a chunk
         self.caught_up = 0
@@ -656,16 +647,6 @@ class ChunkPolicy:
         (diagnostics)."""
         self.unpriced_plans = 0
         """Random plans at a concurrency the cost model did not price (diagnostics)."""
-        self.held_steps = 0
-        """Steps whose plan was the last one held (diagnostics)."""
-        self._hold = 0  # steps the last plan still holds
-        self._plans = 0  # plans made (not held)
-        self._last_shape = (-1, -1)  # the last plan's longest and shortest chunk
-        self._holdable = False  # whether the last plan may hold (a plain one: see plan)
-        self._uniform_at: int | None = None  # the last plan's chunk where it was uniform
-        self._plan_seconds = 0.0  # what a plan takes, and an engine step, on average
-        self._step_seconds = 0.0
-        self._explored_at = 0  # the step of the last plan near the chosen one
 
     @property
     def ledger(self) -> float:
@@ -729,7 +710,6 @@ class ChunkPolicy:
         if seconds <= 0:
             self.cost.interrupt()  # no step to pair the last one with
             return
-        self._step_seconds = _average(self._step_seconds, seconds)
         graphs = self.settings.max_graph_tokens
         on_graph = on_full_graph(uniform, tokens, graphs, self.settings.mixed_graphs)
         if 0 <= budget < len(self.budget_seconds):
@@ -774,27 +754,13 @@ class ChunkPolicy:
         """
         req_ids = list(req_ids)
         rows = self._requests.rows(req_ids)
-        columns = self._requests.columns
-        if self._hold and 8 * np.count_nonzero(columns["plan"][rows] != self._plans) <= len(rows):
-            # The last plan holds (its batch is still at least 7/8 of this one): no
-            # planning's host time this step.
-            self._hold -= 1
-            self.held_steps += 1
-            self._tick()
-            uniform = self._uniform_at
-            sizes = (np.full(len(req_ids), uniform) if uniform is not None
-                     else columns["planned"][rows])  # a new request: 0
-        else:
-            start = time.perf_counter()
-            sizes = self._choose(req_ids, rows, remaining)
-            self._hold = self._hold_for(time.perf_counter() - start, sizes)
-            self._plans += 1
-            columns["plan"][rows] = self._plans
+        sizes = self._choose(req_ids, rows, remaining)
         self._budget = budget = int(sizes.max(initial=0))
         self.caught_up = 0
         if self.settings.lazy_draft_sync and scheduled is not None:
             self.caught_up = self._follow_draft_sync(rows[sizes > 0] if budget else rows[:0],
                                                      scheduled)
+        columns = self._requests.columns
         planned = columns["planned"]
         if budget:
             self._plan = dict(zip(req_ids, sizes.tolist(), strict=True))
@@ -817,34 +783,6 @@ class ChunkPolicy:
         self.uniform_plans += int(sizes.min(initial=budget)) == budget
         return self._plan
 
-    def _tick(self) -> None:
-        self.probes = frozenset()
-        self.learning_step = False
-        self.acceptance.tick()
-        self.steps += 1
-
-    def _hold_for(self, seconds: float, sizes: np.ndarray) -> int:
-        """The steps the plan just made holds, from what planning took (``seconds``, averaged)
-        against an engine step: as many as keep planning within ``PLAN_SHARE`` of the
-        engine's time, at most ``MAX_HOLD``. At batch 128 on the H200 a plain step is bound by
-        the host and took about 7 ms, and planning it 0.5-0.9 ms in the engine
-        (``scv_b128_faster_2026-11-25_h200.json``). Only a plain plan holds: not one that
-        learns, probes, explores or runs at a concurrency the cost model does not price; a
-        uniform plan holds for every request, a new one too (a uniform batch replays the FULL
-        graphs), another gives a new request chunk 0 until the next plan. A plan holds only
-        where it has the longest and shortest chunk of the plan before it (the policy is
-        steady: at batch 1 in the simulator, holding plans that moved cost the mix 3%), and
-        only while at most an eighth of the batch joined after it (a request that follows
-        one at chunk 8 at batch 1 is not given 8 unplanned)."""
-        self._plan_seconds = _average(self._plan_seconds, seconds)
-        lowest, highest = int(sizes.min(initial=0)), int(sizes.max(initial=0))
-        self._uniform_at = highest if lowest == highest else None
-        steady, self._last_shape = self._last_shape == (highest, lowest), (highest, lowest)
-        if (not steady or not self._holdable or self.probes or self.learning_step
-                or not self._step_seconds):
-            return 0
-        return min(MAX_HOLD, int(self._plan_seconds / (PLAN_SHARE * self._step_seconds)))
-
     def _follow_draft_sync(self, drafted_rows: np.ndarray, scheduled: Mapping[str, int]) -> int:
         """Each request's positions behind after this step, as the lazy draft sync keeps them:
         at budget 0 every request skips this step's tokens; otherwise the drafted (their rows:
@@ -866,8 +804,10 @@ class ChunkPolicy:
                 ) -> np.ndarray:
         """Chunk sizes for ``req_ids`` (``rows``: theirs in the request table)."""
         k = self.settings.max_chunk
-        self._tick()
-        self._holdable = False
+        self.probes = frozenset()
+        self.learning_step = False
+        self.acceptance.tick()
+        self.steps += 1
         if self.settings.mode == "fixed":
             return np.full(len(req_ids), k)
         if not self.cost.ready(len(req_ids)) and (not self.cost.priced() or self._balance >= 0):
@@ -900,7 +840,6 @@ class ChunkPolicy:
             rates = self.acceptance.rates(req_ids)
         if rates is None or (floor is not None and _clipped_max(rates) <= floor):
             sizes = np.zeros(len(req_ids), dtype=int)
-            self._holdable = True
         else:
             # The batch is what its requests' own history settled it into (choose_sizes).
             last = columns["planned"][rows]
@@ -920,11 +859,8 @@ class ChunkPolicy:
                                     0) / left
             sizes = choose_sizes(rates, k, cost, graphs, settled_under=last, history=history,
                                  mixed_graphs=mixed, catch_up=catch_up)
-            if step - self._explored_at >= EXPLORE_INTERVAL and sizes.any():
-                self._explored_at = step
+            if step % EXPLORE_INTERVAL == 0 and sizes.any():
                 sizes = self._explore_near(sizes)  # keep the cost model's terms apart
-            else:
-                self._holdable = True
         # A request at chunk 0 for probe_wait steps is probed (chunk 1). Probes ride on a step
         # that drafts anyway, or on the shared probe step.
         idle = sizes == 0
@@ -978,11 +914,6 @@ class ChunkPolicy:
         proposes whatever it is asked (:attr:`ScvSettings.drafter_proposes`)."""
         proposes = self.settings.drafter_proposes
         return self._budget if proposes is None else proposes
-
-
-def _average(average: float, value: float) -> float:
-    """A running average that weighs the last value 1/8 (the first, in full)."""
-    return value if not average else average + 0.125 * (value - average)
 
 
 QUANTILES = np.array([0.0, 0.25, 0.5, 0.75, 0.875])

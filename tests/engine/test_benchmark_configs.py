@@ -496,7 +496,7 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
         assert scv["graphs"] == [None, False]  # the CPU engine has no FULL graphs
         counters = scv["counters"]
         assert set(counters) == {"budget_counts", "budget_seconds", "uniform_plans",
-                                 "learning_excess", "unpriced_plans", "held_steps"}
+                                 "learning_excess", "unpriced_plans"}
         planned = sum(counters["budget_counts"])
         observed = sum(c for c, _ in counters["budget_seconds"])
         # this run's steps only: 2 requests of OUTPUT_LEN tokens take at most that many steps

@@ -929,26 +929,6 @@ def test_rate_bound_is_at_least_every_rate():
             assert estimator.rate_bound(batch) >= estimator.rates(batch).max() - 1e-12
 
 
-@pytest.mark.parametrize("step_seconds, holds", [(1e-7, True), (10.0, False)])
-def test_a_steady_plan_holds_while_planning_costs_more_than_its_share(step_seconds, holds):
-    """Where planning takes more than PLAN_SHARE of a step, a steady plan holds for the next
-    steps (the same chunks, no planning); where it takes less, every step is planned. A batch
-    mostly new is planned anew, held or not."""
-    policy = compute_bound_policy(probe_interval=10**6)
-    batch = [f"r{i}" for i in range(16)]
-    for _ in range(40):
-        plan = policy.plan(batch)
-        verified = sum(plan.values())
-        policy.observe_step(16, 16 + verified, policy.draft_budget(), step_seconds,
-                            verified=verified)
-        policy.observe([SpecChunk(r, (0,) * c, 0, c) for r, c in plan.items() if c])
-    assert (policy.held_steps >= 20) if holds else policy.held_steps == 0
-    assert policy.held_steps <= 40 * scv.MAX_HOLD / (scv.MAX_HOLD + 1)
-    held = policy.held_steps
-    policy.plan([f"new{i}" for i in range(16)])
-    assert policy.held_steps == held  # planned
-
-
 def test_request_table_answers_again_from_its_last_lookup_until_a_request_goes():
     """A step looks its batch up several times; the answer is kept, read-only, and not kept
     past a forgotten request (whose row the next new request takes)."""
