@@ -1,8 +1,9 @@
 """Engine processes for the GPU benchmarks: one vLLM engine per process, driven over a pipe.
 
 Several engines can be alive in one run (started one after the other), so a benchmark can
-alternate batches between them. Each reply carries the batch's tokens, wall time, median
-inter-token latency and the spec-decode and NWOR counter deltas.
+alternate batches between them, whole runs or slices of runs (:func:`interleave`). Each reply
+carries the batch's tokens, wall time, median inter-token latency and the spec-decode and NWOR
+counter deltas.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import gc
 import itertools
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -69,48 +71,115 @@ def generate_at_concurrency(llm, batch_prompts, params, concurrency: int,
     plain decoding serves them in waves that start and finish together, while a policy whose
     requests advance at different speeds staggers them and ends on a tail of a shrinking
     batch."""
-    from vllm.sampling_params import RequestOutputKind
+    run = ConcurrentRun(llm, batch_prompts, params, concurrency)
+    run.advance()
+    if steady is not None:
+        steady.update(run.steady())
+    return run.outputs()
 
-    engine = llm.llm_engine
-    call = next(_CALLS)
-    pending = list(range(len(batch_prompts)))[::-1]
-    index: dict[str, int] = {}
-    outputs: dict[int, object] = {}
-    marks: list[tuple[float, int]] = []  # (time, output tokens made so far)
 
-    def add() -> None:
-        i = pending.pop()
-        request_id = f"c{call}-{i}"
-        sampling = params[i].clone()
+class ConcurrentRun:
+    """:func:`generate_at_concurrency` in slices: :meth:`advance` steps the engine for a
+    given time of its own and returns, so that several engines on one GPU can take turns
+    every fraction of a second (:func:`interleave`). The run's clock (``seconds``, the steady
+    window) counts only the time inside its slices.
+
+    Why: at batch 128 the GPU machine's host changes speed in spells of seconds (a fixed
+    Python loop's time moved 2.5x within a session), and whole runs alternated one after the
+    other met different spells: two identical engines differed run by run by 0.80-1.30
+    (docs/scv_results.md, thirty-fifth and forty-second sessions). Slices put every engine
+    under the same spells.
+
+    A slice ends with the GPU synchronized, so the work it launched is its own, and a
+    paused engine's in-flight step does not count the pause: ``on_resume`` gets the pause's
+    length before the next slice (:func:`shift_scv_clock` keeps SCV's step timer off it)."""
+
+    def __init__(self, llm, batch_prompts, params, concurrency: int, on_resume=None) -> None:
+        self.engine, self.call, self.params = llm.llm_engine, next(_CALLS), params
+        self.batch_prompts, self.on_resume = batch_prompts, on_resume
+        self.pending = list(range(len(batch_prompts)))[::-1]
+        self.index: dict[str, int] = {}
+        self.finished: dict[int, object] = {}
+        self.marks: list[tuple[float, int]] = []  # (run clock, output tokens made so far)
+        self.seconds, self.slices, self.paused_at = 0.0, 0, None
+        for _ in range(min(concurrency, len(self.pending))):
+            self._add()
+
+    def _add(self) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        i = self.pending.pop()
+        request_id = f"c{self.call}-{i}"
+        sampling = self.params[i].clone()
         sampling.output_kind = RequestOutputKind.FINAL_ONLY
-        index[request_id] = i
-        index[engine.add_request(request_id, {"prompt_token_ids": batch_prompts[i]},
-                                 sampling)] = i
+        self.index[request_id] = i
+        self.index[self.engine.add_request(
+            request_id, {"prompt_token_ids": self.batch_prompts[i]}, sampling)] = i
 
-    def made() -> int:
+    def _made(self) -> int:
         """Output tokens so far: the finished requests' and the ones in flight."""
-        in_flight = engine.output_processor.request_states.values()
-        return (sum(len(o.outputs[0].token_ids) for o in outputs.values())
+        in_flight = self.engine.output_processor.request_states.values()
+        return (sum(len(o.outputs[0].token_ids) for o in self.finished.values())
                 + sum(state.detokenizer.num_output_tokens() for state in in_flight))
 
-    for _ in range(min(concurrency, len(pending))):
-        add()
-    while engine.has_unfinished_requests():
-        queued, finished = bool(pending), False
-        for output in engine.step():
-            if output.finished:
-                finished = True
-                outputs[index[output.request_id]] = output
-                if pending:
-                    add()
-        # The window opens at the first finish and closes where the last request is admitted.
-        if finished and (not marks or (queued and not pending)):
-            marks.append((time.perf_counter(), made()))
-    if steady is not None:
+    def advance(self, seconds: float = math.inf) -> bool:
+        """Steps until the run is done or ``seconds`` of this slice have passed; True when
+        done."""
+        start = time.perf_counter()
+        if self.paused_at is not None and self.on_resume is not None:
+            self.on_resume(start - self.paused_at)
+        self.slices += 1
+        engine = self.engine
+        while engine.has_unfinished_requests():
+            queued, finished = bool(self.pending), False
+            for output in engine.step():
+                if output.finished:
+                    finished = True
+                    self.finished[self.index[output.request_id]] = output
+                    if self.pending:
+                        self._add()
+            now = time.perf_counter()
+            # The window opens at the first finish and closes where the last request is
+            # admitted.
+            if finished and (not self.marks or (queued and not self.pending)):
+                self.marks.append((self.seconds + now - start, self._made()))
+            if now - start >= seconds and engine.has_unfinished_requests():
+                synchronize_device()
+                break
+        self.paused_at = time.perf_counter()
+        self.seconds += self.paused_at - start
+        return not engine.has_unfinished_requests()
+
+    def steady(self) -> dict:
+        marks = self.marks
         window = len(marks) == 2 and marks[1][0] > marks[0][0]
-        steady["seconds"] = marks[1][0] - marks[0][0] if window else None
-        steady["tokens"] = marks[1][1] - marks[0][1] if window else None
-    return [outputs[i] for i in range(len(batch_prompts))]
+        return {"seconds": marks[1][0] - marks[0][0] if window else None,
+                "tokens": marks[1][1] - marks[0][1] if window else None}
+
+    def outputs(self) -> list:
+        return [self.finished[i] for i in range(len(self.batch_prompts))]
+
+
+def synchronize_device() -> None:
+    """Waits for the GPU's queued work, where there is a GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def shift_scv_clock(llm, seconds: float) -> None:
+    """Moves SCV's step timer (``patches/scheduler.py``: when each step in flight was
+    scheduled, when the last output came) on by a pause of ``seconds``, so that the step in
+    flight across the pause is timed as if the pause had not been. Without it, each of an
+    interleaved run's pauses entered SCV's cost fit as one step as long as the pause."""
+    scheduler = scheduler_of(llm)
+    if scheduler is None or not hasattr(scheduler, "_nwor_scheduled_at"):
+        return
+    scheduler._nwor_scheduled_at = {key: (at + seconds, *rest) for key, (at, *rest)
+                                    in scheduler._nwor_scheduled_at.items()}
+    if getattr(scheduler, "_nwor_last_output_at", None) is not None:
+        scheduler._nwor_last_output_at += seconds
 
 
 ENV_KEY = "_env"
@@ -172,7 +241,9 @@ def split_engine_kwargs(kwargs: dict) -> tuple[dict, dict, list[str]]:
 
 def engine_main(conn, kwargs: dict) -> None:
     """Engine process: builds one LLM, then serves ("run", prompts, extra_args, concurrency)
-    until stop; concurrency None sends the whole batch to ``LLM.generate`` at once. The engine
+    until stop; concurrency None sends the whole batch to ``LLM.generate`` at once. ("start",
+    ...) begins the same run in slices, and each ("advance", seconds) steps it for one slice
+    (:class:`ConcurrentRun`), answering None until the run is done and its result then. The engine
     core runs in this process unless the kwargs' environment says otherwise
     (:func:`engine_core_in_own_process`)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -229,55 +300,69 @@ def engine_main(conn, kwargs: dict) -> None:
                 "graphs": [policy.settings.max_graph_tokens, policy.settings.mixed_graphs]}
 
     conn.send("ready")
+    sliced = None  # an interleaved run between its slices ("start", then "advance")
     while True:
         message = conn.recv()
         if message[0] == "stop":
             break
-        kind, batch_prompts, extra_args, concurrency = message[:4]
-        params = [SamplingParams(
-            max_tokens=(extra or {}).get(OUTPUT_LEN_KEY, OUTPUT_LEN), temperature=0.0,
-            ignore_eos=True, extra_args={k: v for k, v in (extra or {}).items()
-                                         if k != OUTPUT_LEN_KEY} or None)
-            for extra in extra_args]
-        if slow_steps is not None:
-            slow_steps.clear()
-        if kind == "warm":
-            steps_from = len(steps)
-            chunks = warm_every_chunk(llm, batch_prompts, params)
-            if oracle:  # the warm-up leaves SCV fresh estimates
-                use_oracle(llm)
-            state = scv_state()  # the steps SCV's cost model starts the measured runs from
-            conn.send({"chunks_warmed": chunks, "steps": steps[steps_from:],
-                       "coefficients": state["coefficients"] if state else None,
-                       "slow_steps": list(slow_steps or [])})
-            continue
-        profiler = python_profiler = busy = None
-        if kind == "profile":  # torch profiler and cProfile around the run: tables come back
-            import cProfile
-
-            import torch
-
-            profiler = torch.profiler.profile(activities=[
-                torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
-            profiler.__enter__()
-            python_profiler = cProfile.Profile()
-            python_profiler.enable()
-        before, scv_before = snapshot(), scv_state()
-        gc_pauses.clear()
-        step_seconds.clear()
-        nwor_host_before = dict(nwor_host) if nwor_host is not None else None
-        scv_host_before = dict(scv_host) if scv_host is not None else None
-        clocks = ClockSampler()
-        probe_before = host_probe_ms()
-        host_before = host_usage()
-        start = time.perf_counter()
-        steady: dict = {"seconds": None, "tokens": None}
-        if concurrency is None:
-            outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts], params,
-                                   use_tqdm=False)
+        if message[0] == "advance":  # the next slice of the run "start" began
+            if not sliced.advance(message[1]):
+                conn.send(None)
+                continue
+            outputs, steady, seconds = sliced.outputs(), sliced.steady(), sliced.seconds
+            slices, sliced = sliced.slices, None
         else:
-            outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency, steady)
-        seconds = time.perf_counter() - start
+            kind, batch_prompts, extra_args, concurrency = message[:4]
+            params = [SamplingParams(
+                max_tokens=(extra or {}).get(OUTPUT_LEN_KEY, OUTPUT_LEN), temperature=0.0,
+                ignore_eos=True, extra_args={k: v for k, v in (extra or {}).items()
+                                             if k != OUTPUT_LEN_KEY} or None)
+                for extra in extra_args]
+            if slow_steps is not None:
+                slow_steps.clear()
+            if kind == "warm":
+                steps_from = len(steps)
+                chunks = warm_every_chunk(llm, batch_prompts, params)
+                if oracle:  # the warm-up leaves SCV fresh estimates
+                    use_oracle(llm)
+                state = scv_state()  # the steps SCV's cost model starts the measured runs from
+                conn.send({"chunks_warmed": chunks, "steps": steps[steps_from:],
+                           "coefficients": state["coefficients"] if state else None,
+                           "slow_steps": list(slow_steps or [])})
+                continue
+            profiler = python_profiler = busy = None
+            if kind == "profile":  # torch profiler and cProfile around the run: tables return
+                import cProfile
+
+                import torch
+
+                profiler = torch.profiler.profile(activities=[
+                    torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+                profiler.__enter__()
+                python_profiler = cProfile.Profile()
+                python_profiler.enable()
+            before, scv_before = snapshot(), scv_state()
+            gc_pauses.clear()
+            step_seconds.clear()
+            nwor_host_before = dict(nwor_host) if nwor_host is not None else None
+            scv_host_before = dict(scv_host) if scv_host is not None else None
+            clocks = ClockSampler()
+            probe_before = host_probe_ms()
+            host_before = host_usage()
+            if kind == "start":  # slices follow (interleave)
+                sliced = ConcurrentRun(llm, batch_prompts, params, concurrency,
+                                       on_resume=functools.partial(shift_scv_clock, llm))
+                conn.send(None)
+                continue
+            start = time.perf_counter()
+            steady: dict = {"seconds": None, "tokens": None}
+            if concurrency is None:
+                outputs = llm.generate([{"prompt_token_ids": p} for p in batch_prompts],
+                                       params, use_tqdm=False)
+            else:
+                outputs = generate_at_concurrency(llm, batch_prompts, params, concurrency,
+                                                  steady)
+            seconds, slices = time.perf_counter() - start, 1
         gpu_clocks = clocks.stop()
         host = {key: round(value - host_before[key], 4) for key, value in host_usage().items()}
         host["probe_ms"] = [probe_before, host_probe_ms()]  # before and after the run
@@ -305,7 +390,8 @@ def engine_main(conn, kwargs: dict) -> None:
             if m is not None and n > 1 and m.last_token_ts > m.first_token_ts:
                 itls.append((m.last_token_ts - m.first_token_ts) / (n - 1))
         conn.send({
-            "seconds": seconds,
+            "seconds": seconds,  # interleaved: the run's own slices only (ConcurrentRun)
+            "slices": slices,
             "tokens": [list(o.outputs[0].token_ids) for o in outputs],
             "steady": steady,  # the window at full concurrency (generate_at_concurrency)
             "itl_median": statistics.median(itls) if itls else None,
@@ -823,6 +909,18 @@ class Engine:
                         concurrency))
         return self._receive()
 
+    def start(self, batch_prompts: list[list[int]], extra_args: list | None,
+              concurrency: int) -> None:
+        """Begins a run of slices (:class:`ConcurrentRun`): :meth:`advance` steps it."""
+        self.conn.send(("start", batch_prompts, extra_args or [None] * len(batch_prompts),
+                        concurrency))
+        self._receive()
+
+    def advance(self, seconds: float) -> dict | None:
+        """The run's next slice of ``seconds``: None, or the run's result once it is done."""
+        self.conn.send(("advance", seconds))
+        return self._receive()
+
     def warm(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> dict:
         """A warm-up run (:func:`warm_every_chunk`): ``chunks_warmed``, the chunk sizes warmed;
         ``steps``, SCV's traced steps of the warm-up; ``coefficients``, its cost fit after it
@@ -896,11 +994,36 @@ def stop_engines(engines: dict[str, Engine]) -> None:
 
 
 def alternate(engines: dict[str, Engine], batch_prompts: list[list[int]], rep: int,
-              extra_args: list | None = None, concurrency: int | None = None
-              ) -> dict[str, dict]:
-    """One batch on every engine, in order on even reps and in reverse on odd ones (A B, B A)."""
+              extra_args: list | None = None, concurrency: int | None = None,
+              slice_seconds: float | None = None) -> dict[str, dict]:
+    """One batch on every engine, in order on even reps and in reverse on odd ones (A B, B A):
+    whole runs one after the other, or with ``slice_seconds`` interleaved (:func:`interleave`)."""
     names = list(engines) if rep % 2 == 0 else list(engines)[::-1]
+    if slice_seconds is not None:
+        if concurrency is None:
+            raise SystemExit("interleaved runs keep a number of requests in flight: they "
+                             "cannot send the whole batch at once (closed batch)")
+        return interleave({name: engines[name] for name in names}, batch_prompts,
+                          extra_args, concurrency, slice_seconds)
     return {name: engines[name].run(batch_prompts, extra_args, concurrency) for name in names}
+
+
+def interleave(engines: dict[str, Engine], batch_prompts: list[list[int]],
+               extra_args: list | None, concurrency: int, slice_seconds: float
+               ) -> dict[str, dict]:
+    """The same batch on every engine at once, each taking ``slice_seconds`` turns in order
+    until all are done (:class:`ConcurrentRun`): every engine meets the host's slow and fast
+    spells alike. Each run's clock counts its own slices only."""
+    for engine in engines.values():
+        engine.start(batch_prompts, extra_args, concurrency)
+    results: dict[str, dict] = {}
+    while len(results) < len(engines):
+        for name, engine in engines.items():
+            if name not in results:
+                result = engine.advance(slice_seconds)
+                if result is not None:
+                    results[name] = result
+    return {name: results[name] for name in engines}
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int]]:

@@ -25,7 +25,9 @@ Policies, each its own engine process:
   by side differ, the noise any of SCV's ratios carries.
 
 One run takes a *group* of policies (``--policies``): their engines live side by side on one GPU
-and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A). A GPU
+and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A), or
+with ``--slice-seconds S`` to all of them at once, each engine stepping for S seconds in turn
+until every one is done (``gpu_engines.interleave``; each run's clock counts its own turns). A GPU
 cannot hold all six 8B engines, so the full comparison is several groups, each with ``scv`` in
 it, on one GPU each (``scripts/gpu_session.sh``); ``--merge`` compares SCV only with the
 policies of its own group and reports the smallest ratio.
@@ -162,7 +164,8 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
 def run_group(policies: list[str], target: str, draft: str, batches: list[int], reps: int,
               prompt_len: int, memory: float, closed_batch: bool = False,
               names: list[str] | None = None, load_multiple: int = 2,
-              output_lens: tuple[int, int] | None = None, method: str = "draft_model") -> dict:
+              output_lens: tuple[int, int] | None = None, method: str = "draft_model",
+              slice_seconds: float | None = None) -> dict:
     share = round(memory / len(policies), 3)
     engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share, method)
                              for p in policies})
@@ -197,7 +200,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                 for rep in range(reps):
                     batch_prompts = prompts(count, seed=1000 * batch + rep, length=prompt_len)
                     for policy, run in alternate(engines, batch_prompts, rep, extra,
-                                                 None if closed_batch else batch).items():
+                                                 None if closed_batch else batch,
+                                                 slice_seconds).items():
                         runs[policy].append(run)
                 for policy in policies:
                     drafted = sum(r["drafted"] for r in runs[policy])
@@ -254,6 +258,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
             "load": "closed batch" if closed_batch
             else f"steady, {load_multiple} x batch requests",
             "async_scheduling": "on for every policy",
+            # None: whole runs one after the other; else the runs interleaved in slices
+            "slice_seconds": slice_seconds,
             "startup_seconds": {p: round(e.startup_seconds, 1) for p, e in engines.items()},
             "prompt_len": prompt_len, "reps": reps, "rows": rows, "warm": warm,
             "output_lens": list(output_lens) if output_lens else [OUTPUT_LEN, OUTPUT_LEN]}
@@ -445,6 +451,10 @@ def main() -> None:
                         help="each request's output length drawn from [MIN, MAX] (the same "
                         "for every policy) instead of all 128: requests then finish apart, "
                         "with speculation or without")
+    parser.add_argument("--slice-seconds", type=float,
+                        help="run the group's engines at once, taking turns of this many "
+                        "seconds (gpu_engines.interleave), instead of whole runs one after "
+                        "the other: every engine meets the host's speed of the moment")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="prompt tokens (>= 128); short prompts keep the run decode-bound")
     args = parse_or_merge(parser, merge)
@@ -456,7 +466,7 @@ def main() -> None:
                                            args.reps, args.prompt_len, args.memory,
                                            args.closed_batch, args.workloads,
                                            args.load_multiple, args.output_lens,
-                                           args.method))
+                                           args.method, args.slice_seconds))
 
 
 if __name__ == "__main__":

@@ -350,6 +350,46 @@ def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     assert [list(o.outputs[0].token_ids) for o in served_again] == tokens
 
 
+def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
+    """A run served in slices with pauses between them (what ``interleave`` does with several
+    engines on one GPU) gives the tokens of the run served whole, and its clock counts its
+    slices only. Under async scheduling on the GPU a step is in flight across each pause;
+    ``shift_scv_clock`` moves SCV's step timer past the pause, and this checks it reaches the
+    timer's real fields (a renamed field would make it do nothing). The CPU engine keeps no
+    batch queue, so here no step is in flight across a pause: the GPU runs' traced SCV steps
+    show the rest (docs/scv_results.md, forty-fourth session)."""
+    import functools
+    import time
+
+    from engine_utils import PROMPTS, engine, spec_config
+    from vllm import SamplingParams
+
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, draft = tiny_models
+    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 3
+    prompts, pause = PROMPTS[:3], 0.3
+    with engine(target, spec_config("draft_model", draft, scv="adaptive"),
+                async_scheduling=True) as llm:
+        whole = gpu_engines.generate_at_concurrency(llm, prompts, params, concurrency=2)
+        run = gpu_engines.ConcurrentRun(
+            llm, prompts, params, 2, on_resume=functools.partial(gpu_engines.shift_scv_clock,
+                                                                 llm))
+        start, paused = time.perf_counter(), 0.0
+        while not run.advance(0.0):  # one step a slice
+            time.sleep(pause)
+            paused += pause
+        wall = time.perf_counter() - start
+        scheduler = gpu_engines.scheduler_of(llm)
+        scheduler._nwor_scheduled_at["step"] = (1.0, False, 0, 0)
+        last = scheduler._nwor_last_output_at
+        gpu_engines.shift_scv_clock(llm, 2.0)
+        assert scheduler._nwor_scheduled_at.pop("step") == (3.0, False, 0, 0)
+        assert scheduler._nwor_last_output_at == last + 2.0
+    assert [o.outputs[0].token_ids for o in run.outputs()] == [
+        o.outputs[0].token_ids for o in whole]
+    assert run.slices >= 6 and run.seconds <= wall - paused + 0.05
+
+
 def test_steady_window_runs_from_the_first_finish_to_the_last_admission(tiny_models):
     """Without speculation every request in flight gets one token a step (its first at its
     prefill). Two in flight, lengths 3, 7, 5, 5: r0 finishes at step 3 (6 tokens made: r0's 3,
