@@ -23,15 +23,20 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The forty-third session measured SCV's policy inside the engine
-# (scv_policy_us_per_step: 0.5-0.9 ms a step at batch 128, L=1.5 and the mix, where plain
-# decoding's ~7 ms step is bound by the GPU) and cut it; two runs of one commit differed by up
-# to 0.32 a cell. Batch 128 again, with SCV held at chunk 0 beside it, so that the rest of
-# SCV's chunk-0 step cost (vLLM's speculative runner, the lazy draft sync) is seen apart.
+# The next session's plan. The forty-fourth session had no device time left (the try before it,
+# cut off, had spent it) and built interleaved runs (scv_bench --slice-seconds): a group's
+# engines serve each batch at once, taking turns of half a second, so that every engine meets
+# the host's speed of the moment. First: does it take the host out of an A/A control at batch
+# 128 (whole runs: 0.80-1.30 pair by pair)? SCV beside it, on the cells it has lost. Four 8B
+# engines need an H200 (needs_h200: they do not fit 78 GiB). Then the same group as whole runs,
+# for the spread of both ways on one machine.
+B128_GROUP="--batches 128 --workloads uniform_L1.5 uniform_L4 mixed_L1.2_and_full \
+  --policies no_spec no_spec_aa fixed_k2 scv --reps 3 --load-multiple 4 --output-lens 64 192"
 stream0() {
-  step scv_b128_chunk0_beside scv_bench --batches 128 --workloads uniform_L1.5 \
-    mixed_L1.2_and_full --policies no_spec fixed_k4 scv scv_chunk0 --reps 3 \
-    --load-multiple 4 --output-lens 64 192
+  # shellcheck disable=SC2086
+  step scv_b128_interleaved scv_bench $B128_GROUP --slice-seconds 0.5
+  # shellcheck disable=SC2086
+  step scv_b128_whole_runs scv_bench $B128_GROUP
 }
 
 gpus=$(nvidia-smi -L | wc -l)

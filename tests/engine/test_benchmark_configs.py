@@ -390,6 +390,28 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
     assert run.slices >= 6 and run.seconds <= wall - paused + 0.05
 
 
+def test_interleave_drives_the_benchmarks_engine_processes(tiny_models):
+    """The GPU benchmarks' engine processes (``gpu_engines.Engine``) serve a batch both ways,
+    whole runs and interleaved in slices ("start", then "advance" until done): the same
+    tokens from both engines and both ways, and the interleaved runs took several slices
+    each. The GPU sessions would otherwise find a broken protocol on device time."""
+    aa = importlib.import_module("interleave_aa_cpu")
+    gpu_engines = importlib.import_module("gpu_engines")
+    target, _ = tiny_models
+    prompts = [[3 + i, 7, 11, 13, 17, 19, 23, 29] for i in range(6)]
+    extra = [{gpu_engines.OUTPUT_LEN_KEY: 16}] * len(prompts)
+    engines = gpu_engines.start_engines(aa.engine_configs(target, 2))
+    try:
+        ways = aa.serve_both_ways(engines, prompts, 0, 2, 0.01, extra)
+    finally:
+        gpu_engines.stop_engines(engines)
+    tokens = ways["whole"]["a"]["tokens"]
+    assert [len(t) for t in tokens] == [16] * len(prompts)
+    assert all(run["tokens"] == tokens for runs in ways.values() for run in runs.values())
+    assert [run["slices"] for run in ways["whole"].values()] == [1, 1]
+    assert min(run["slices"] for run in ways["interleaved"].values()) > 2
+
+
 def test_steady_window_runs_from_the_first_finish_to_the_last_admission(tiny_models):
     """Without speculation every request in flight gets one token a step (its first at its
     prefill). Two in flight, lengths 3, 7, 5, 5: r0 finishes at step 3 (6 tokens made: r0's 3,
