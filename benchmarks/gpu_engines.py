@@ -394,7 +394,8 @@ def engine_main(conn, kwargs: dict) -> None:
             "slices": slices,
             "tokens": [list(o.outputs[0].token_ids) for o in outputs],
             "steady": steady,  # the window at full concurrency (generate_at_concurrency)
-            "itl_median": statistics.median(itls) if itls else None,
+            # wall clock: interleaved runs' would count the other engines' turns
+            "itl_median": statistics.median(itls) if itls and slices == 1 else None,
             "drafted": after["drafted"] - before["drafted"],
             "accepted": after["accepted"] - before["accepted"],
             "rejected_by_nwor": after["rejected_by_nwor"] - before["rejected_by_nwor"],

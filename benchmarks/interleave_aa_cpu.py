@@ -9,12 +9,13 @@ fraction of a second in turn, so that every engine meets the same spells.
 
 This checks that on the real (CPU) engine, through the GPU benchmarks' own engine processes
 (``gpu_engines.Engine``): two identical engines (a tiny random-weight Llama, no speculation)
-serve the same requests at steady concurrency while a third process loads every core in
-spells of random length (``--spell`` seconds on, as long off), a stand-in for that host. Each
-repetition serves the batch both ways, whole runs (A then B, then B then A) and interleaved.
-The two engines' throughput ratio is 1 in truth; its spread over the repetitions is the noise
-each way of running leaves in a ratio. A CPU stand-in, not a GPU measurement: it shows what
-the method removes, not how noisy the GPU machine's host is.
+serve the same requests at steady concurrency while other processes load every core in
+spells (``--spell``: each spell of load, and each without, lasts a random time in that
+range), a stand-in for that host. Each repetition serves the batch both ways, whole runs
+(A then B, then B then A) and interleaved. The two engines' throughput ratio is 1 in truth;
+its spread over the repetitions is the noise each way of running leaves in a ratio. A CPU
+stand-in, not a GPU measurement: it shows what the method removes, not how noisy the GPU
+machine's host is.
 
     .venv/bin/python benchmarks/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
 """
@@ -28,6 +29,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -55,28 +57,26 @@ def burn(on) -> None:
 
 
 class Spells:
-    """Every core loaded in spells: on for a random time in ``spell``, off as long again."""
+    """Every core loaded and left alone in turn, each spell a random time in ``spell``
+    (seconds), while in its ``with`` block."""
 
     def __init__(self, spell: tuple[float, float], seed: int) -> None:
         context = mp.get_context("spawn")
         self.on, self.spell, self.rng = context.Event(), spell, random.Random(seed)
         self.workers = [context.Process(target=burn, args=(self.on,), daemon=True)
                         for _ in range(os.cpu_count() or 1)]
-        for worker in self.workers:
-            worker.start()
         self.stopped = False
-        self.thread = None
+        self.thread = threading.Thread(target=self._toggle, daemon=True)
+
+    def _toggle(self) -> None:
+        while not self.stopped:
+            (self.on.clear if self.on.is_set() else self.on.set)()
+            time.sleep(self.rng.uniform(*self.spell))
+        self.on.clear()
 
     def __enter__(self) -> Spells:
-        import threading
-
-        def toggle() -> None:
-            while not self.stopped:
-                self.on.set() if not self.on.is_set() else self.on.clear()
-                time.sleep(self.rng.uniform(*self.spell))
-            self.on.clear()
-
-        self.thread = threading.Thread(target=toggle, daemon=True)
+        for worker in self.workers:
+            worker.start()
         self.thread.start()
         return self
 
