@@ -325,6 +325,34 @@ def host_adjusted(runs: dict[str, list[dict]]) -> dict | None:
                                 for p in policies if p in COMPARED_ROWS}}
 
 
+def paired_by_rep(runs: dict[str, list[dict]], table: dict[str, float]) -> dict | None:
+    """Each compared row's steady throughput over the best other policy's (the best by
+    ``table``, the group's headline) repetition by repetition: runs of one repetition served
+    the same batch side by side (interleaved, at the same time), so their ratio carries the
+    noise that both runs met once. ``best``: that policy; ``median``: each row's median
+    ratio. None where a run of theirs has no steady window."""
+    others = {p: v for p, v in table.items() if p not in COMPARED_ROWS}
+    if not others:
+        return None
+    best = max(others, key=others.get)
+
+    def steady(run: dict) -> float | None:
+        window = run.get("steady") or {}
+        return window["tokens"] / window["seconds"] if window.get("seconds") else None
+
+    base = [steady(r) for r in runs.get(best, [])]
+    ratios = {}
+    for name in COMPARED_ROWS:
+        mine = [steady(r) for r in runs.get(name, [])]
+        if not mine or None in mine or None in base or len(mine) != len(base):
+            continue
+        ratios[name] = [round(m / b, 4) for m, b in zip(mine, base, strict=True)]
+    if not ratios:
+        return None
+    return {"best": best, "by_rep": ratios,
+            "median": {n: round(statistics.median(r), 4) for n, r in ratios.items()}}
+
+
 def merge(jsonl: Path, result: Path) -> None:
     """One cell per (batch, workload). ``tok_s``: each policy's throughput in its group (SCV's
     is the mean over groups); ``scv_over_best_other``: the smallest, over groups, of SCV over
@@ -345,6 +373,7 @@ def merge(jsonl: Path, result: Path) -> None:
         "gc_pauses": {}, "runs": {}, "slow_steps": {}}
     measures: set[str] = set()
     adjusted: dict[tuple[int, str], list[dict | None]] = {}  # by group: host_adjusted
+    paired: dict[tuple[int, str], list[dict | None]] = {}  # by group: paired_by_rep
     for record in records:
         group_runs: dict[tuple[int, str], dict[str, list[dict]]] = {}
         tables: dict[tuple[int, str], dict[str, float]] = {}
@@ -373,6 +402,7 @@ def merge(jsonl: Path, result: Path) -> None:
             groups.setdefault(key, []).append(headline)
             whole_runs.setdefault(key, []).append(tok_s)
             adjusted.setdefault(key, []).append(host_adjusted(group_runs[key]))
+            paired.setdefault(key, []).append(paired_by_rep(group_runs[key], headline))
     cells = []
     for (batch, workload), group_tables in sorted(groups.items()):
         tok_s, ratios = compare(group_tables)
@@ -391,6 +421,9 @@ def merge(jsonl: Path, result: Path) -> None:
                       # the same with the host's speed taken out (host_adjusted)
                       "scv_over_best_other_host_adjusted": min(host_scv) if host_scv else None,
                       "host_adjusted_by_group": host,
+                      # repetition by repetition (paired_by_rep): with interleaved runs, each
+                      # repetition's runs met the same host
+                      "paired_by_group": paired[(batch, workload)],
                       "groups": group_tables,
                       "tok_s_whole_run": whole_tok_s,
                       "scv_over_best_other_whole_run": (min(whole_ratios["scv"])
@@ -419,6 +452,8 @@ def merge(jsonl: Path, result: Path) -> None:
                            "method": r.get("method", "draft_model"),
                            "gpu_memory_share": r["gpu_memory_share"],
                            "startup_seconds": r["startup_seconds"],
+                           # None: whole runs one after the other; else interleaved turns
+                           "slice_seconds": r.get("slice_seconds"),
                            "output_lens": r.get("output_lens", [OUTPUT_LEN, OUTPUT_LEN]),
                            # SCV's warm-up steps by policy and batch (as steps_by_rep's);
                            # the cost fit after each

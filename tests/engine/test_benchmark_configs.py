@@ -145,6 +145,39 @@ def test_scv_merge_takes_the_hosts_speed_out_beside_the_headline(tmp_path):
     assert scv.host_adjusted({p: rs[:1] for p, rs in by_policy.items()}) is None
 
 
+def test_scv_merge_pairs_each_repetitions_runs(tmp_path):
+    """Repetition by repetition, each compared row over the group's best other policy (the
+    best by the headline): the second repetition met a host twice as slow, for every policy
+    alike (as interleaved runs meet it), and the paired ratios do not see it; the A/A
+    control's are 1."""
+    scv = importlib.import_module("scv_bench")
+
+    def runs(tok_s: list[float]) -> list[dict]:
+        return [{"seconds": 1.0, "steady": {"seconds": 100 / v, "tokens": 100}} for v in tok_s]
+
+    by_policy = {"no_spec": runs([100.0, 50.0]), "fixed_k2": runs([80.0, 40.0]),
+                 "no_spec_aa": runs([100.0, 50.0]), "scv": runs([110.0, 55.0])}
+    rows = [{"policy": p, "batch": 128, "workload": "w", "tok_s": 1.0,
+             "tok_s_steady": statistics.median(100 / r["steady"]["seconds"] for r in rs),
+             "runs_by_rep": rs} for p, rs in by_policy.items()]
+    record = {"policies": list(by_policy), "gpu_memory_share": 0.2, "reps": 2,
+              "prompt_len": 128, "startup_seconds": {}, "rows": rows, "slice_seconds": 0.5}
+    jsonl = tmp_path / "scv.jsonl"
+    jsonl.write_text(json.dumps(record) + "\n")
+    (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H200"}))
+    scv.merge(jsonl, tmp_path / "scv.json")
+    merged = json.loads((tmp_path / "scv.json").read_text())
+    (cell,) = merged["cells"]
+    (paired,) = cell["paired_by_group"]
+    assert paired["best"] == "no_spec"
+    assert paired["by_rep"] == {"scv": [1.1, 1.1], "no_spec_aa": [1.0, 1.0]}
+    assert paired["median"] == {"scv": 1.1, "no_spec_aa": 1.0}
+    assert merged["groups"][0]["slice_seconds"] == 0.5
+    del by_policy["scv"][1]["steady"]  # a run without a steady window: no pairing for it
+    assert scv.paired_by_rep(by_policy, {"no_spec": 75.0, "scv": 82.5})["by_rep"] == {
+        "no_spec_aa": [1.0, 1.0]}
+
+
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
