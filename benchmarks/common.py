@@ -102,8 +102,36 @@ def append_jsonl(path: Path | None, record: dict) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def write_result(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / name
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+RESULT_DEPTH = 4
+"""How deep a result file's objects and lists of them are laid out, one item a line, before
+the rest goes on one line without spaces."""
+
+
+def result_json(value, level: int = 0) -> str:
+    """A result file's text: the structure (cells, rows, groups, their fields) one item a line
+    to :data:`RESULT_DEPTH`, the values below (step traces, lists of numbers) compact. Every
+    device call carries the working tree (64 MiB with the devkit), and with every file indented
+    ``benchmarks/results/`` had grown to 48 MB, which pushed the kit into eleven parts; laid out
+    this way the same data takes 14 MB."""
+    if level < RESULT_DEPTH and isinstance(value, dict) and value:
+        items = [f"{' ' * (level + 1)}{json.dumps(str(key))}: {result_json(item, level + 1)}"
+                 for key, item in value.items()]
+    elif level < RESULT_DEPTH and isinstance(value, list) and any(
+            isinstance(item, (dict, list)) for item in value):
+        items = [" " * (level + 1) + result_json(item, level + 1) for item in value]
+    else:
+        return json.dumps(value, separators=(",", ":"))
+    opening, closing = "{}" if isinstance(value, dict) else "[]"
+    return opening + "\n" + ",\n".join(items) + "\n" + " " * level + closing
+
+
+def write_json(path: Path, payload: dict) -> Path:
+    """Writes a result file (:func:`result_json`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(result_json(payload) + "\n")
     return path
+
+
+def write_result(name: str, payload: dict) -> Path:
+    return write_json(RESULTS / name, payload)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge  # noqa: E402
+from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
 from gpu_engines import (  # noqa: E402
     alternate,
     prompts,
@@ -107,7 +107,7 @@ def merge(jsonl: Path, result: Path) -> None:
     payload = {**recorded_environment(jsonl), "benchmark": "draft_window",
                "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft", "cells": cells}
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(result)
 
 

@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args()
-    from common import environment
+    from common import environment, write_json
 
     prompts = held_out_prompt_ids(args.prompts)
     cases = []
@@ -123,7 +123,7 @@ def main() -> None:
                             "draft": "models/pystd-draft (256 positions)", "dtype": "float32"},
                "cases": cases}
     args.result.parent.mkdir(parents=True, exist_ok=True)
-    args.result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(args.result, payload)
     print(args.result)
 
 

@@ -42,7 +42,12 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, count_engine_steps, recorded_environment  # noqa: E402
+from common import (  # noqa: E402
+    append_jsonl,
+    count_engine_steps,
+    recorded_environment,
+    write_json,
+)
 from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
 from scv_bench import engine_kwargs  # noqa: E402
 
@@ -158,7 +163,7 @@ def merge(jsonls: list[Path], result: Path) -> None:
                      "setup": records[0], "summary": records[-1].get("summary"),
                      "runs": [r for r in records[1:] if "run" in r]})
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps({"benchmark": "host_noise", "steps": runs}, indent=1) + "\n")
+    write_json(result, {"benchmark": "host_noise", "steps": runs})
     print(result)
 
 

@@ -36,7 +36,12 @@ from vllm.forward_context import override_forward_context
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
+from common import (  # noqa: E402
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+    write_json,
+)
 from nwor_layer_host import (  # noqa: E402
     BLOCK,
     HEAD_SIZE,
@@ -125,7 +130,7 @@ def merge(jsonl: Path, result: Path) -> None:
                          "block_size": BLOCK, "layers": records[0]["layers"],
                          "context": records[0]["context"]},
                "cells": cells, "changes": changes}
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(f"wrote {result}")
 
 

@@ -52,7 +52,12 @@ from vllm.forward_context import override_forward_context
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge, recorded_environment  # noqa: E402
+from common import (  # noqa: E402
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+    write_json,
+)
 from vllm_nwor import patches  # noqa: E402
 from vllm_nwor.kernels._common import Launcher  # noqa: E402
 from vllm_nwor.kernels.scratch import scratch_blocks  # noqa: E402
@@ -276,7 +281,7 @@ def merge(jsonl: Path, result: Path) -> None:
                "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_size": HEAD_SIZE,
                          "block_size": BLOCK, "layers": records[0]["layers"]},
                "cells": cells, "changes": changes}
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(f"wrote {result}")
 
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge  # noqa: E402
+from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
 from gpu_engines import (  # noqa: E402
     ENV_KEY,
     OUTPUT_LEN,
@@ -351,7 +351,7 @@ def merge(jsonl: Path, result: Path) -> None:
     if profiles:
         payload["profiles"] = profiles
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(result)
 
 
@@ -373,8 +373,8 @@ def write_pooled(results: list[Path], out: Path) -> None:
                         "cells_with_aa": sum(map(has_aa_control, kept)),
                         "cells_replaced": len(payload["cells"]) - len(kept)})
         cells += kept
-    out.write_text(json.dumps({"benchmark": "nwor_overhead_pooled", "sources": sources,
-                               "pooled": pooled(cells)}, indent=1) + "\n")
+    write_json(out, {"benchmark": "nwor_overhead_pooled", "sources": sources,
+                     "pooled": pooled(cells)})
     print(out)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge  # noqa: E402
+from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
 from gpu_engines import (  # noqa: E402
     prompts,
     rate_for_length,
@@ -126,7 +126,7 @@ def merge(jsonl: Path, result: Path) -> None:
         payload["after_over_before"] = {
             name: round(medians["after"][name] / medians["before"][name], 4)
             for name in medians["after"] if medians["before"].get(name)}
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(result)
 
 

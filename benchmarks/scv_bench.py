@@ -76,7 +76,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import PINNED_AT_ZERO, append_jsonl, parse_or_merge  # noqa: E402
+from common import PINNED_AT_ZERO, append_jsonl, parse_or_merge, write_json  # noqa: E402
 from gpu_engines import (  # noqa: E402
     ABLATE_KEY,
     ENV_KEY,
@@ -461,7 +461,7 @@ def merge(jsonl: Path, result: Path) -> None:
                           for r in records],
                "cells": cells}
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(result)
 
 

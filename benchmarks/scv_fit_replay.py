@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import git_commit  # noqa: E402
+from common import git_commit, write_json  # noqa: E402
 from vllm_nwor.scv import StepCostModel, on_full_graph  # noqa: E402
 
 MIN_STEADY_STEPS = 8
@@ -140,11 +140,9 @@ def main() -> None:
         out[name] = summary(errors)
         print(name, json.dumps(out[name]))
     if args.result:
-        with open(args.result, "w") as f:
-            json.dump({"commit": git_commit(), "benchmark": "scv_fit_replay",
-                       "results": [os.path.basename(p) for p in args.results],
-                       "variants": out}, f, indent=1)
-            f.write("\n")
+        write_json(args.result, {"commit": git_commit(), "benchmark": "scv_fit_replay",
+                                 "results": [os.path.basename(p) for p in args.results],
+                                 "variants": out})
 
 
 if __name__ == "__main__":

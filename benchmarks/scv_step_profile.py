@@ -48,6 +48,7 @@ from common import (  # noqa: E402
     append_jsonl,
     parse_or_merge,
     recorded_environment,
+    write_json,
 )
 from gpu_engines import (  # noqa: E402
     ABLATE_KEY,
@@ -118,7 +119,7 @@ def merge(jsonl: Path, result: Path) -> None:
                "cells": [r for r in records if "profile" not in r],
                "profiles": [r for r in records if "profile" in r]}
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(result, payload)
     print(result)
 
 

@@ -178,6 +178,27 @@ def test_scv_merge_pairs_each_repetitions_runs(tmp_path):
         "no_spec_aa": [1.0, 1.0]}
 
 
+def test_result_files_keep_their_structure_a_line_an_item_and_the_rest_compact():
+    """Result files lay out their structure one item a line and what lies deeper compact
+    (``common.result_json``): every device call carries the working tree, and indented result
+    files had grown to 48 MB of it, pushing the devkit into eleven parts. Every file under
+    ``benchmarks/results/`` is written that way, so that the tree stays small."""
+    common = importlib.import_module("common")
+    payload = {"cells": [{"batch": 128, "steps": [[1, 2.5], [3, None]], "tok_s": {"a": 1.0}}],
+               "rows": [], "empty": {}}
+    text = common.result_json(payload)
+    assert json.loads(text) == payload
+    lines = text.splitlines()
+    assert '   "batch": 128,' in lines and '    "a": 1.0' in lines  # one item a line
+    assert '   "steps": [' in lines and '    [1,2.5],' in lines
+    deep = common.result_json({"a": {"b": {"c": {"d": {"e": [1, {"f": 2}]}}}}})
+    assert '    "d": {"e":[1,{"f":2}]}' in deep.splitlines()  # below RESULT_DEPTH: compact
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    loose = [path.name for path in sorted(results.glob("*.json"))
+             if path.read_text() != common.result_json(json.loads(path.read_text())) + "\n"]
+    assert not loose, f"result files not written with common.write_json: {loose}"
+
+
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
