@@ -27,11 +27,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # cut off, had spent it) and built interleaved runs (scv_bench --slice-seconds): a group's
 # engines serve each batch at once, taking turns of half a second, so that every engine meets
 # the host's speed of the moment. First: does it take the host out of an A/A control at batch
-# 128 (whole runs: 0.80-1.30 pair by pair)? SCV beside it, on the cells it has lost. Four 8B
-# engines need an H200 (needs_h200: they do not fit 78 GiB). Then the same group as whole runs,
-# for the spread of both ways on one machine.
+# 128 (whole runs: 0.80-1.30 pair by pair)? SCV beside it, on the cells it has lost. Then the
+# same group as whole runs, for the spread of both ways on one machine (--merge's
+# paired_by_group has each repetition's ratios). Four 8B engines fit an H200; an H100 (about
+# 80 GB) takes three, without fixed k=2.
+if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -ge 100000 ]
+then B128_POLICIES="no_spec no_spec_aa fixed_k2 scv"; B128_MEMORY=0.9
+else B128_POLICIES="no_spec no_spec_aa scv"; B128_MEMORY=0.95
+fi
 B128_GROUP="--batches 128 --workloads uniform_L1.5 uniform_L4 mixed_L1.2_and_full \
-  --policies no_spec no_spec_aa fixed_k2 scv --reps 3 --load-multiple 4 --output-lens 64 192"
+  --policies $B128_POLICIES --memory $B128_MEMORY --reps 3 --load-multiple 4 --output-lens 64 192"
 stream0() {
   # shellcheck disable=SC2086
   step scv_b128_interleaved scv_bench $B128_GROUP --slice-seconds 0.5
