@@ -25,7 +25,7 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 
 # The next session's plan. The forty-fourth session had no device time left (the try before it,
 # cut off, had spent it) and built interleaved runs (scv_bench --slice-seconds): a group's
-# engines serve each batch at once, taking turns of half a second, so that every engine meets
+# engines serve each batch at once, taking turns of a quarter second, so that every engine meets
 # the host's speed of the moment. First: does it take the host out of an A/A control at batch
 # 128 (whole runs: 0.80-1.30 pair by pair)? SCV beside it, on the cells it has lost. Then the
 # same group as whole runs, for the spread of both ways on one machine (--merge's
@@ -39,7 +39,7 @@ B128_GROUP="--batches 128 --workloads uniform_L1.5 uniform_L4 mixed_L1.2_and_ful
   --policies $B128_POLICIES --memory $B128_MEMORY --reps 3 --load-multiple 4 --output-lens 64 192"
 stream0() {
   # shellcheck disable=SC2086
-  step scv_b128_interleaved scv_bench $B128_GROUP --slice-seconds 0.5
+  step scv_b128_interleaved scv_bench $B128_GROUP --slice-seconds 0.25
   # shellcheck disable=SC2086
   step scv_b128_whole_runs scv_bench $B128_GROUP
 }
