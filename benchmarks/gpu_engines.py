@@ -150,6 +150,15 @@ class ConcurrentRun:
         self.seconds += self.paused_at - start
         return not engine.has_unfinished_requests()
 
+    def abort(self) -> None:
+        """Drops the requests not yet done and steps until the engine holds none."""
+        self.pending.clear()
+        unfinished = [r for r, i in self.index.items()
+                      if i not in self.finished and r.startswith(f"c{self.call}-")]
+        self.engine.abort_request(unfinished)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
     def steady(self) -> dict:
         marks = self.marks
         window = len(marks) == 2 and marks[1][0] > marks[0][0]
@@ -305,6 +314,11 @@ def engine_main(conn, kwargs: dict) -> None:
         message = conn.recv()
         if message[0] == "stop":
             break
+        if message[0] == "abort":  # a filler run (interleave) is not needed any more
+            sliced.abort()
+            sliced = None
+            conn.send(None)
+            continue
         if message[0] == "advance":  # the next slice of the run "start" began
             if not sliced.advance(message[1]):
                 conn.send(None)
@@ -922,6 +936,11 @@ class Engine:
         self.conn.send(("advance", seconds))
         return self._receive()
 
+    def abort(self) -> None:
+        """Ends the run :meth:`start` began, its requests not yet done dropped."""
+        self.conn.send(("abort",))
+        self._receive()
+
     def warm(self, batch_prompts: list[list[int]], extra_args: list | None = None) -> dict:
         """A warm-up run (:func:`warm_every_chunk`): ``chunks_warmed``, the chunk sizes warmed;
         ``steps``, SCV's traced steps of the warm-up; ``coefficients``, its cost fit after it
@@ -1014,16 +1033,32 @@ def interleave(engines: dict[str, Engine], batch_prompts: list[list[int]],
                ) -> dict[str, dict]:
     """The same batch on every engine at once, each taking ``slice_seconds`` turns in order
     until all are done (:class:`ConcurrentRun`): every engine meets the host's slow and fast
-    spells alike. Each run's clock counts its own slices only."""
+    spells alike. Each run's clock counts its own slices only.
+
+    An engine whose run is done serves the batch again, unmeasured, and keeps its turns until
+    every run is done: a run left alone would meet neither the others' load nor the cost of
+    handing over a turn. On the CPU engine, with a target twice as deep in one engine, the
+    faster engine's lead came out 2-3% short that way (docs/scv_results.md, forty-fourth
+    session)."""
     for engine in engines.values():
         engine.start(batch_prompts, extra_args, concurrency)
     results: dict[str, dict] = {}
+    running = set(engines)  # a run started and not yet done, measured or filler
     while len(results) < len(engines):
         for name, engine in engines.items():
-            if name not in results:
-                result = engine.advance(slice_seconds)
-                if result is not None:
-                    results[name] = result
+            if name not in running:
+                continue
+            result = engine.advance(slice_seconds)
+            if result is None:
+                continue
+            running.discard(name)
+            results.setdefault(name, result)
+            if len(results) == len(engines):
+                break
+            engine.start(batch_prompts, extra_args, concurrency)  # a filler run
+            running.add(name)
+    for name in running:
+        engines[name].abort()
     return {name: results[name] for name in engines}
 
 

@@ -23,6 +23,7 @@ machine's host is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -43,8 +44,6 @@ from gpu_engines import (  # noqa: E402
     stop_engines,
     tokens_per_second,
 )
-
-ENGINES = ("a", "b")
 
 
 def burn(on) -> None:
@@ -96,10 +95,11 @@ def serve_both_ways(engines: dict, prompts: list[list[int]], rep: int, concurren
             for way in order}
 
 
-def engine_configs(target: str, batch: int) -> dict[str, dict]:
+def engine_configs(target: str, batch: int, target_b: str | None = None) -> dict[str, dict]:
+    """Engines ``a`` and ``b``: the same, or ``b`` with a target of its own (an A/B check)."""
     kwargs = {"model": target, "max_num_seqs": batch, **CPU_ENGINE,
               ENV_KEY: {"VLLM_CPU_KVCACHE_SPACE": "1"}}
-    return dict.fromkeys(ENGINES, kwargs)
+    return {"a": kwargs, "b": {**kwargs, "model": target_b or target}}
 
 
 def spread(ratios: list[float]) -> dict:
@@ -118,6 +118,11 @@ def main() -> None:
     parser.add_argument("--spell", type=float, nargs=2, default=(0.3, 3.0),
                         metavar=("MIN", "MAX"), help="seconds a spell of load lasts, and a "
                         "spell without")
+    parser.add_argument("--no-load", action="store_true", help="no spells of load: what the "
+                        "ratio is on a quiet machine")
+    parser.add_argument("--b-layers", type=int, help="engine b's target with this many layers "
+                        "instead of a's 3: an A/B pair of known ratio (measured with --no-load), "
+                        "to check that interleaving does not bias a ratio of unequal engines")
     parser.add_argument("--result", required=True, help="file name under benchmarks/results/")
     args = parser.parse_args()
 
@@ -128,13 +133,17 @@ def main() -> None:
                for _ in range(args.requests)]
     with tempfile.TemporaryDirectory() as root:
         target, _ = write_tiny_llama_pair(root)
-        engines = start_engines(engine_configs(target, args.batch))
+        target_b = None
+        if args.b_layers is not None:
+            target_b, _ = write_tiny_llama_pair(os.path.join(root, "b"),
+                                                num_layers=args.b_layers)
+        engines = start_engines(engine_configs(target, args.batch, target_b))
         extra = [{OUTPUT_LEN_KEY: args.max_tokens}] * args.requests
         ratios: dict[str, list[float]] = {"whole": [], "interleaved": []}
         runs_by_rep: list[dict] = []  # tokens per second and slices, by way and engine
         agree = True
         try:
-            with Spells(tuple(args.spell), seed=1):
+            with contextlib.nullcontext() if args.no_load else Spells(tuple(args.spell), seed=1):
                 for rep in range(args.reps):
                     ways = serve_both_ways(engines, prompts, rep, args.batch,
                                            args.slice_seconds, extra)
@@ -151,11 +160,12 @@ def main() -> None:
             stop_engines(engines)
     payload = {
         "benchmark": "interleave_aa_cpu",
-        "what": "two identical CPU engines' throughput ratio (1 in truth) with every core "
-                "loaded in random spells, whole runs alternated against runs interleaved",
+        "what": "two CPU engines' throughput ratio (1 in truth where they are the same) with "
+                "every core loaded in random spells (unless no_load), whole runs alternated "
+                "against runs interleaved",
         "environment": environment(),
         "settings": {k: v for k, v in vars(args).items() if k != "result"},
-        "same_tokens_in_every_run": agree,
+        "same_tokens_in_every_run": agree if args.b_layers is None else None,
         "whole": spread(ratios["whole"]),
         "interleaved": spread(ratios["interleaved"]),
         "runs_by_rep": runs_by_rep,

@@ -446,9 +446,11 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
 
 def test_interleave_drives_the_benchmarks_engine_processes(tiny_models):
     """The GPU benchmarks' engine processes (``gpu_engines.Engine``) serve a batch both ways,
-    whole runs and interleaved in slices ("start", then "advance" until done): the same
-    tokens from both engines and both ways, and the interleaved runs took several slices
-    each. The GPU sessions would otherwise find a broken protocol on device time."""
+    whole runs and interleaved in slices ("start", then "advance" until done; an engine done
+    first serves a filler run, "abort"-ed when the last is done), then both ways again in the
+    other order: the same tokens from both engines, every way and time, and the interleaved
+    runs took several slices each. The GPU sessions would otherwise find a broken protocol on
+    device time."""
     aa = importlib.import_module("interleave_aa_cpu")
     gpu_engines = importlib.import_module("gpu_engines")
     target, _ = tiny_models
@@ -456,14 +458,15 @@ def test_interleave_drives_the_benchmarks_engine_processes(tiny_models):
     extra = [{gpu_engines.OUTPUT_LEN_KEY: 16}] * len(prompts)
     engines = gpu_engines.start_engines(aa.engine_configs(target, 2))
     try:
-        ways = aa.serve_both_ways(engines, prompts, 0, 2, 0.01, extra)
+        reps = [aa.serve_both_ways(engines, prompts, rep, 2, 0.01, extra) for rep in (0, 1)]
     finally:
         gpu_engines.stop_engines(engines)
-    tokens = ways["whole"]["a"]["tokens"]
+    tokens = reps[0]["whole"]["a"]["tokens"]
     assert [len(t) for t in tokens] == [16] * len(prompts)
-    assert all(run["tokens"] == tokens for runs in ways.values() for run in runs.values())
-    assert [run["slices"] for run in ways["whole"].values()] == [1, 1]
-    assert min(run["slices"] for run in ways["interleaved"].values()) > 2
+    assert all(run["tokens"] == tokens for ways in reps for runs in ways.values()
+               for run in runs.values())
+    assert all(run["slices"] == 1 for ways in reps for run in ways["whole"].values())
+    assert min(run["slices"] for ways in reps for run in ways["interleaved"].values()) > 2
 
 
 def test_steady_window_runs_from_the_first_finish_to_the_last_admission(tiny_models):
