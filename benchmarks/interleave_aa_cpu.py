@@ -15,7 +15,9 @@ range), a stand-in for that host. Each repetition serves the batch both ways, wh
 (A then B, then B then A) and interleaved. The two engines' throughput ratio is 1 in truth;
 its spread over the repetitions is the noise each way of running leaves in a ratio. A CPU
 stand-in, not a GPU measurement: it shows what the method removes, not how noisy the GPU
-machine's host is.
+machine's host is. ``--b-layers N`` gives engine ``b`` a deeper target, an A/B pair whose
+ratio ``--no-load`` measures on a quiet machine: whether interleaving biases a ratio of
+unequal engines.
 
     .venv/bin/python benchmarks/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
 """
