@@ -310,12 +310,14 @@ def engine_main(conn, kwargs: dict) -> None:
 
     conn.send("ready")
     sliced = None  # an interleaved run between its slices ("start", then "advance")
+    clocks = None  # the run's ClockSampler, from its start
     while True:
         message = conn.recv()
         if message[0] == "stop":
             break
         if message[0] == "abort":  # a filler run (interleave) is not needed any more
             sliced.abort()
+            clocks.stop()  # (its start began sampling the clocks, as every run's does)
             sliced = None
             conn.send(None)
             continue
