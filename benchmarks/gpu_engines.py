@@ -152,10 +152,9 @@ class ConcurrentRun:
 
     def abort(self) -> None:
         """Drops the requests not yet done and steps until the engine holds none."""
+        admitted = set(self.index.values()) - self.finished.keys()
         self.pending.clear()
-        unfinished = [r for r, i in self.index.items()
-                      if i not in self.finished and r.startswith(f"c{self.call}-")]
-        self.engine.abort_request(unfinished)
+        self.engine.abort_request([f"c{self.call}-{i}" for i in admitted])
         while self.engine.has_unfinished_requests():
             self.engine.step()
 

@@ -335,15 +335,10 @@ def paired_by_rep(runs: dict[str, list[dict]], table: dict[str, float]) -> dict 
     if not others:
         return None
     best = max(others, key=others.get)
-
-    def steady(run: dict) -> float | None:
-        window = run.get("steady") or {}
-        return window["tokens"] / window["seconds"] if window.get("seconds") else None
-
-    base = [steady(r) for r in runs.get(best, [])]
+    base = [steady_tokens_per_second(r) for r in runs.get(best, [])]
     ratios = {}
     for name in COMPARED_ROWS:
-        mine = [steady(r) for r in runs.get(name, [])]
+        mine = [steady_tokens_per_second(r) for r in runs.get(name, [])]
         if not mine or None in mine or None in base or len(mine) != len(base):
             continue
         ratios[name] = [round(m / b, 4) for m, b in zip(mine, base, strict=True)]
