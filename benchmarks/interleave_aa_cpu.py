@@ -17,7 +17,9 @@ its spread over the repetitions is the noise each way of running leaves in a rat
 stand-in, not a GPU measurement: it shows what the method removes, not how noisy the GPU
 machine's host is. ``--b-layers N`` gives engine ``b`` a deeper target, an A/B pair whose
 ratio ``--no-load`` measures on a quiet machine: whether interleaving biases a ratio of
-unequal engines.
+unequal engines. ``--b-spec K`` makes engine ``b`` speculate (draft_model, the tiny pair's draft,
+K tokens a step): steps of another length and shape than ``a``'s, the GPU runs' case of fixed k
+against plain decoding.
 
     .venv/bin/python benchmarks/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
 """
@@ -97,11 +99,16 @@ def serve_both_ways(engines: dict, prompts: list[list[int]], rep: int, concurren
             for way in order}
 
 
-def engine_configs(target: str, batch: int, target_b: str | None = None) -> dict[str, dict]:
-    """Engines ``a`` and ``b``: the same, or ``b`` with a target of its own (an A/B check)."""
+def engine_configs(target: str, batch: int, target_b: str | None = None,
+                   speculative_b: dict | None = None) -> dict[str, dict]:
+    """Engines ``a`` and ``b``: the same, or ``b`` with a target of its own or speculating
+    (an A/B check)."""
     kwargs = {"model": target, "max_num_seqs": batch, **CPU_ENGINE,
               ENV_KEY: {"VLLM_CPU_KVCACHE_SPACE": "1"}}
-    return {"a": kwargs, "b": {**kwargs, "model": target_b or target}}
+    b = {**kwargs, "model": target_b or target}
+    if speculative_b is not None:
+        b["speculative_config"] = speculative_b
+    return {"a": kwargs, "b": b}
 
 
 def spread(ratios: list[float]) -> dict:
@@ -125,6 +132,8 @@ def main() -> None:
     parser.add_argument("--b-layers", type=int, help="engine b's target with this many layers "
                         "instead of a's 3: an A/B pair of known ratio (measured with --no-load), "
                         "to check that interleaving does not bias a ratio of unequal engines")
+    parser.add_argument("--b-spec", type=int, metavar="K", help="engine b speculates, K draft "
+                        "tokens a step (draft_model): another A/B pair of known ratio")
     parser.add_argument("--result", required=True, help="file name under benchmarks/results/")
     args = parser.parse_args()
 
@@ -134,12 +143,14 @@ def main() -> None:
     prompts = [[rng.randrange(2, 500) for _ in range(rng.randrange(8, 64))]
                for _ in range(args.requests)]
     with tempfile.TemporaryDirectory() as root:
-        target, _ = write_tiny_llama_pair(root)
+        target, draft = write_tiny_llama_pair(root)
+        speculative_b = None if args.b_spec is None else {
+            "method": "draft_model", "model": draft, "num_speculative_tokens": args.b_spec}
         target_b = None
         if args.b_layers is not None:
             target_b, _ = write_tiny_llama_pair(os.path.join(root, "b"),
                                                 num_layers=args.b_layers)
-        engines = start_engines(engine_configs(target, args.batch, target_b))
+        engines = start_engines(engine_configs(target, args.batch, target_b, speculative_b))
         extra = [{OUTPUT_LEN_KEY: args.max_tokens}] * args.requests
         ratios: dict[str, list[float]] = {"whole": [], "interleaved": []}
         runs_by_rep: list[dict] = []  # tokens per second and slices, by way and engine
@@ -167,7 +178,7 @@ def main() -> None:
                 "against runs interleaved",
         "environment": environment(),
         "settings": {k: v for k, v in vars(args).items() if k != "result"},
-        "same_tokens_in_every_run": agree if args.b_layers is None else None,
+        "same_tokens_in_every_run": agree if args.b_layers is None else None,  # greedy: b_spec too
         "whole": spread(ratios["whole"]),
         "interleaved": spread(ratios["interleaved"]),
         "runs_by_rep": runs_by_rep,

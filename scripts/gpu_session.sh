@@ -23,25 +23,25 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The forty-fourth session had no device time left (the try before it,
-# cut off, had spent it) and built interleaved runs (scv_bench --slice-seconds): a group's
-# engines serve each batch at once, taking turns of a quarter second, so that every engine meets
-# the host's speed of the moment. First: does it take the host out of an A/A control at batch
-# 128 (whole runs: 0.80-1.30 pair by pair)? SCV beside it, on the cells it has lost. Then the
-# same group as whole runs, for the spread of both ways on one machine (--merge's
-# paired_by_group has each repetition's ratios). Four 8B engines fit an H200; an H100 (about
-# 80 GB) takes three, without fixed k=2.
+# The next session's plan. The forty-fifth session ran batch 128 interleaved in 0.25 s turns and
+# as whole runs (scv_b128_interleaved_2026-11-27_h200.json, scv_b128_whole_runs_...): the A/A
+# pairs went from 0.50-1.88 to 0.89-1.11, and fixed k=2 over plain decoding at L=4 read
+# 0.85-0.87 interleaved where whole runs and earlier sessions had it ahead. Next: the same group
+# at L=1.5 and L=4 in turns of 0.1 s and of 1 s. Whether the A/A spread narrows with shorter
+# turns, and whether fixed k=2's ratio moves with the turn's length (a cost per turn that falls
+# on speculative engines more would). Four 8B engines fit an H200; an H100 (about 80 GB)
+# takes three, without fixed k=2.
 if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -ge 100000 ]
 then B128_POLICIES="no_spec no_spec_aa fixed_k2 scv"; B128_MEMORY=0.9
 else B128_POLICIES="no_spec no_spec_aa scv"; B128_MEMORY=0.95
 fi
-B128_GROUP="--batches 128 --workloads uniform_L1.5 uniform_L4 mixed_L1.2_and_full \
+B128_GROUP="--batches 128 --workloads uniform_L1.5 uniform_L4 \
   --policies $B128_POLICIES --memory $B128_MEMORY --reps 3 --load-multiple 4 --output-lens 64 192"
 stream0() {
   # shellcheck disable=SC2086
-  step scv_b128_interleaved scv_bench $B128_GROUP --slice-seconds 0.25
+  step scv_b128_turns_0.1s scv_bench $B128_GROUP --slice-seconds 0.1
   # shellcheck disable=SC2086
-  step scv_b128_whole_runs scv_bench $B128_GROUP
+  step scv_b128_turns_1s scv_bench $B128_GROUP --slice-seconds 1.0
 }
 
 gpus=$(nvidia-smi -L | wc -l)
