@@ -106,7 +106,6 @@ def merge(jsonl: Path, result: Path) -> None:
     cells = [json.loads(line) for line in jsonl.read_text().splitlines()]
     payload = {**recorded_environment(jsonl), "benchmark": "draft_window",
                "model": "Llama-3-8B shape, dummy weights, bf16; 2-layer draft", "cells": cells}
-    result.parent.mkdir(parents=True, exist_ok=True)
     write_json(result, payload)
     print(result)
 

@@ -122,7 +122,6 @@ def main() -> None:
                             "target": "models/pystd-target with a 256-token sliding window",
                             "draft": "models/pystd-draft (256 positions)", "dtype": "float32"},
                "cases": cases}
-    args.result.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.result, payload)
     print(args.result)
 

@@ -162,7 +162,6 @@ def merge(jsonls: list[Path], result: Path) -> None:
         runs.append({"step": jsonl.stem, **recorded_environment(jsonl),
                      "setup": records[0], "summary": records[-1].get("summary"),
                      "runs": [r for r in records[1:] if "run" in r]})
-    result.parent.mkdir(parents=True, exist_ok=True)
     write_json(result, {"benchmark": "host_noise", "steps": runs})
     print(result)
 

@@ -350,7 +350,6 @@ def merge(jsonl: Path, result: Path) -> None:
                "startup_seconds": startups, "pooled": pooled(cells), "cells": cells}
     if profiles:
         payload["profiles"] = profiles
-    result.parent.mkdir(parents=True, exist_ok=True)
     write_json(result, payload)
     print(result)
 

@@ -455,7 +455,6 @@ def merge(jsonl: Path, result: Path) -> None:
                            **({"warm": r["warm"]} if r.get("warm") else {})}
                           for r in records],
                "cells": cells}
-    result.parent.mkdir(parents=True, exist_ok=True)
     write_json(result, payload)
     print(result)
 

@@ -118,7 +118,6 @@ def merge(jsonl: Path, result: Path) -> None:
                             "scv_chunk0": PINNED_AT_ZERO},
                "cells": [r for r in records if "profile" not in r],
                "profiles": [r for r in records if "profile" in r]}
-    result.parent.mkdir(parents=True, exist_ok=True)
     write_json(result, payload)
     print(result)
 
