@@ -142,7 +142,7 @@ class Step:
 
     def _bind(self, max_tokens: int, rows: int) -> NworInterceptor:
         """As ``model_runner.bind`` builds it."""
-        backend = nwor_fa.BACKEND
+        backend = nwor_fa.FlashAttnBackend()
         layers = self.layers
 
         def plain_write(layer_idx, key, value, slot_mapping):

@@ -521,6 +521,24 @@ class NworInterceptor:
         self._direct_slots = None
         return True
 
+    def begin_batch(self, num_draft_tokens: Sequence[int] | None,
+                    query_start_loc: Sequence[int] | np.ndarray,
+                    device: torch.device | str) -> bool:
+        """Builds the step from the batch's draft counts and query start locations (host; None:
+        no drafts) and begins it. A step that cannot be built is not staged: every row takes
+        vLLM's write (``stage_error``), as after any staging error."""
+        step = None
+        if num_draft_tokens is not None:
+            try:
+                step = VerifyStep.from_batch(num_draft_tokens, query_start_loc, device,
+                                             self.uploader)
+            except Exception:
+                logger.exception("NWOR: building the verify step failed; vLLM writes it")
+                self.begin(None)
+                self._fallbacks[FallbackReason.STAGE_ERROR.value] += 1
+                return False
+        return self.begin(step)
+
     def stage(
         self,
         layer_idx: int,
@@ -701,11 +719,11 @@ class NworInterceptor:
         if self.write_back is not None:
             self.write_back(range(buffer.num_layers), verdict.row_stage_index.shape[0], verdict)
             return
-        # Counted before the writes: if one fails, the error stops the engine (see commit).
         slots = verdict.keep(buffer.slot_mapping[: buffer.num_tokens])
         for layer_idx in range(buffer.num_layers):
             key, value = buffer.chunk(layer_idx)
             self.plain_write(layer_idx, key, value, slots)
+        verdict.count()  # after the writes: a commit redone after an error counts once
 
 
 StepMetadata = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -800,3 +818,5 @@ class ScratchStaging:
             dst = verdict.keep_rows(dst)
         copy_rows_reference(self.key_caches, self.value_caches, self.write_slots[:num_rows],
                             dst, layers, self.write)
+        if verdict is not None:
+            verdict.count()

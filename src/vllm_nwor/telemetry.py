@@ -149,12 +149,20 @@ class SpecStepStats:
 def combine_rank_counters(per_rank: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
     """NWOR counters of all tensor-parallel ranks as one engine's (None when NWOR is off).
 
-    Token counts are the same on every rank; KV bytes not written are summed, since each rank
-    holds its own heads.
+    Every rank stages and commits the same tokens, so every count but the bytes must agree; a
+    difference means the ranks' caches differ, and raises, naming the ranks and their values.
+    KV bytes not written are summed, since each rank holds its own heads.
     """
-    ranks = [dict(c) for c in per_rank if c is not None]
-    if not ranks:
+    if all(c is None for c in per_rank):
         return None
+    ranks = [dict(c) if c is not None else None for c in per_rank]
+    keys = [k for k in (ranks[0] or next(c for c in ranks if c)) if k != "kv_bytes_not_written"]
+    for key in keys:
+        values = [None if c is None else c.get(key) for c in ranks]
+        if any(v != values[0] for v in values):
+            by_rank = ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(values))
+            raise RuntimeError(f"NWOR counters differ across tensor-parallel ranks: {key} is "
+                               f"{by_rank}")
     combined = ranks[0]
     combined["kv_bytes_not_written"] = sum(c["kv_bytes_not_written"] for c in ranks)
     return combined

@@ -1,8 +1,9 @@
 """A per-step audit of the target model's paged KV cache, for engine tests (CPU and GPU).
 
 Every block is filled with a sentinel when the scheduler hands it to a request (freed blocks
-keep the finished request's K/V, which is legitimate). After each step, after rejection sampling
-and the commit, for every request and every target layer:
+keep the finished request's K/V, which is legitimate), except the blocks a request gets from
+the prefix cache: those hold another request's committed K/V, which it reads. After each step,
+after rejection sampling and the commit, for every request and every target layer:
 
 - every position below the request's KV length (prompt and accepted tokens) is written;
 - every position from there to the end of its blocks still holds the sentinel.
@@ -46,10 +47,15 @@ class CacheAudit:
         self.runner.sample_tokens = lambda *a, **kw: self._step(sample_tokens, *a, **kw)
 
     def _fill_new_blocks(self, execute_model, scheduler_output, *args, **kwargs):
-        new_blocks = [b for req in scheduler_output.scheduled_new_reqs for b in req.block_ids[0]]
-        for block_ids in scheduler_output.scheduled_cached_reqs.new_block_ids:
-            if block_ids is not None:
-                new_blocks += block_ids[0]
+        hit = lambda computed: computed // self.block_size  # noqa: E731 (prefix-cache blocks)
+        new_blocks = [b for req in scheduler_output.scheduled_new_reqs
+                      for b in req.block_ids[0][hit(req.num_computed_tokens):]]
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid, block_ids, computed in zip(cached.req_ids, cached.new_block_ids,
+                                            cached.num_computed_tokens, strict=True):
+            if block_ids is not None:  # a resumed request's list starts with its cache hits
+                new_blocks += block_ids[0][hit(computed) if rid in cached.resumed_req_ids
+                                           else 0:]
         for layer in self.layers:
             layer.kv_cache[new_blocks] = SENTINEL
         return execute_model(scheduler_output, *args, **kwargs)

@@ -275,7 +275,9 @@ def test_cache_offsets_reach_every_layer():
 SCRATCH_STEPS = [
     [(37, 5, 4)],
     [(0, 9, 0), (100, 1, 0), (16, 4, 3), (300, 5, 4), (47, 3, 2)],
-    [(31, 2, 1), (0, 0, 0), (64, 9, 8)],
+    # (31, 2, 1) and (63, 4, 3): the last sampled token ends a block (16 or 32), which the
+    # scheduler may already share; (40, 25, 3): rows before the drafts span several blocks.
+    [(31, 2, 1), (0, 0, 0), (64, 9, 8), (63, 4, 3), (40, 25, 3)],
 ]
 
 
@@ -347,13 +349,18 @@ def test_plan_scratch_matches_reference(requests, head_size, num_kv_heads, block
             assert write_slots[rows].tolist() == slot_mapping[rows].tolist()
             assert commit_slots[rows].tolist() == [-1] * q
             continue
-        lo = c // block_size
-        assert commit_slots[rows].tolist() == slot_mapping[rows].tolist()
+        lo = (c + q - d) // block_size  # the scratch span starts at the first draft's block
         for pos in range(c, c + q):
+            row = int(qsl[i]) + pos - c
+            if pos < lo * block_size:  # before the span: vLLM's slot, written in the forward
+                assert int(table[i, pos // block_size]) == int(block_table[i, pos // block_size])
+                assert int(write_slots[row]) == int(slot_mapping[row])
+                assert int(commit_slots[row]) == -1
+                continue
             scratch = first + pos // block_size - lo
             assert int(table[i, pos // block_size]) == scratch
-            assert int(write_slots[int(qsl[i]) + pos - c]) == \
-                scratch * block_size + pos % block_size
+            assert int(write_slots[row]) == scratch * block_size + pos % block_size
+            assert int(commit_slots[row]) == int(slot_mapping[row])
         for pos in range(lo * block_size, c):  # the committed tail, copied
             src = int(block_table[i, pos // block_size])
             assert torch.equal(raw[first, pos % block_size], raw[src, pos % block_size])

@@ -55,6 +55,35 @@ def test_plan_redirects_drafting_requests_to_their_scratch_blocks_and_copies_the
     assert changed == [first], "only the scratch block is written"
 
 
+def test_a_last_sampled_token_that_ends_a_block_is_written_to_its_own_slot_in_the_forward():
+    # Request 0: 7 committed tokens; its last sampled token (position 7) ends block 1, its two
+    # drafts (8, 9) are in block 2. The scheduler hashed block 1 when it scheduled the step
+    # (prefix caching), so a request admitted in the same step may read position 7 in this
+    # forward: it must be written there, not kept in scratch until the commit. Request 1: 5
+    # prompt rows before its drafts (a request resumed after preemption), in blocks 0 and 1.
+    per_request, total = scratch_blocks(2, 2, BLOCK)
+    base = 16
+    block_table = torch.tensor([[3, 5, 7, 0], [9, 10, 11, 0]], dtype=torch.int32)
+    qsl = torch.tensor([0, 3, 10], dtype=torch.int32)
+    seq_lens = torch.tensor([10, 10], dtype=torch.int32)
+    stage_index = torch.tensor([-1, 0, 1, -1, -1, -1, -1, -1, 2, 3])
+    slot_mapping = torch.tensor([23, 28, 29, 39, 40, 41, 42, 43, 44, 45])
+    cache = torch.randn(base + total, BLOCK, HEADS, DIM)
+    before = cache.clone()
+    table = torch.zeros((2, 4), dtype=torch.int32)
+    write_slots = torch.full((10,), -9, dtype=torch.int64)
+    commit_slots = torch.full((10,), -9, dtype=torch.int64)
+    plan_scratch(block_table, qsl, seq_lens, stage_index, slot_mapping, table, write_slots,
+                 commit_slots, [cache], [cache], (torch.zeros(1), torch.zeros(1)), base,
+                 per_request)
+    first0, first1 = base, base + per_request
+    assert table.tolist() == [[3, 5, first0, 0], [9, 10, first1, 0]]
+    assert write_slots.tolist() == [23, first0 * BLOCK, first0 * BLOCK + 1,
+                                    39, 40, 41, 42, 43, first1 * BLOCK, first1 * BLOCK + 1]
+    assert commit_slots.tolist() == [-1, 28, 29, -1, -1, -1, -1, -1, 44, 45]
+    assert torch.equal(cache, before), "no committed token shares a scratch block"
+
+
 # -- the engine core keeps the scratch blocks from the scheduler --------------------------------
 
 

@@ -297,6 +297,46 @@ def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
     assert counters.tokens_committed == 3 and counters.tokens_rejected == 2
 
 
+def test_a_default_commit_redone_after_an_error_counts_its_tokens_once():
+    """The CPU backend's commit is the interceptor's own plain-write commit; when a write of it
+    fails once, the commit is redone the same way and must not count the accepted tokens twice."""
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    begin(interceptor)
+    run_forward(interceptor)
+    write, calls = cache.plain_write, [0]
+
+    def flaky_write(layer_idx, key, value, slot_mapping):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("injected write failure")
+        write(layer_idx, key, value, slot_mapping)
+
+    interceptor.plain_write = flaky_write
+    interceptor.commit(sampled([1, 0, 2]))
+    assert_cache_holds(cache, expected_slots([1, 0, 2]))
+    counters = interceptor.counters()
+    assert counters.fallbacks == {"commit_error": 1}
+    assert counters.tokens_committed == 3 and counters.tokens_rejected == 2
+
+
+def test_a_step_that_cannot_be_built_is_written_by_vllm_and_the_engine_goes_on():
+    cache = FakeCache()
+    interceptor = make_interceptor(cache)
+    # More drafts than the request's rows: VerifyStep.from_batch raises.
+    assert not interceptor.begin_batch([5, 0, 3], QUERY_START_LOC, "cpu")
+    assert interceptor.step is None
+    assert interceptor.counters().fallbacks == {"stage_error": 1}
+    for layer_idx in range(NUM_LAYERS):  # not staged: the layers' writes are vLLM's own
+        key, value = layer_kv(layer_idx, NUM_ROWS)
+        assert not interceptor.active
+        cache.plain_write(layer_idx, key, value, SLOTS)
+    assert interceptor.begin_batch(NUM_DRAFTS, QUERY_START_LOC, "cpu")  # the next step stages
+    run_forward(interceptor)
+    interceptor.commit(sampled([1, 0, 2]))
+    assert interceptor.counters().tokens_committed == 3
+
+
 def test_commit_failure_with_failing_plain_writes_is_not_swallowed():
     cache = FakeCache()
     interceptor = make_interceptor(cache, commit_fn=lambda *_: 1 / 0)

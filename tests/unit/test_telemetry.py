@@ -152,9 +152,15 @@ def test_nwor_counters_are_not_read_when_nwor_is_off():
     assert telemetry.take_stats(unfinished_requests=False).nwor_counters is None
 
 
-def test_rank_counters_sum_kv_bytes_only():
+def test_rank_counters_sum_kv_bytes_and_check_that_every_token_count_agrees():
     rank = {"tokens_staged": 5, "tokens_committed": 2, "kv_bytes_not_written": 300,
             "fallbacks": {}}
-    combined = combine_rank_counters([rank, None, dict(rank, kv_bytes_not_written=100)])
+    combined = combine_rank_counters([rank, dict(rank, kv_bytes_not_written=100)])
     assert combined["tokens_staged"] == 5 and combined["kv_bytes_not_written"] == 400
     assert combine_rank_counters([None, None]) is None
+    with pytest.raises(RuntimeError, match="tokens_committed is rank 0: 2, rank 1: 3"):
+        combine_rank_counters([rank, dict(rank, tokens_committed=3)])
+    with pytest.raises(RuntimeError, match="rank 1: None"):
+        combine_rank_counters([rank, None])
+    with pytest.raises(RuntimeError, match="fallbacks"):
+        combine_rank_counters([rank, dict(rank, fallbacks={"no_commit": 1})])

@@ -63,22 +63,24 @@ class Verdict(NamedTuple):
         return self.sampled_token_ids[self.token_req, self.token_pos + 1] != PLACEHOLDER_TOKEN_ID
 
     def keep(self, slots: torch.Tensor) -> torch.Tensor:
-        """``slots`` (one per staged token) with the rejected tokens' set to -1, as tensor ops;
-        the accepted tokens are counted into ``committed``."""
-        accepted = self.accepted()
-        self.committed.add_(accepted.sum())
-        return torch.where(accepted, slots, -1)
+        """``slots`` (one per staged token) with the rejected tokens' set to -1, as tensor ops.
+        Counts nothing: the caller calls :meth:`count` once the writes are done."""
+        return torch.where(self.accepted(), slots, -1)
 
     def keep_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """``slots`` (one per row of the step) with the rows of rejected drafts set to -1, as
-        the kernel decides inline; the accepted drafts are counted into ``committed``."""
+        the kernel decides inline. Counts nothing (see :meth:`count`)."""
         n = slots.shape[0]
         index = self.row_stage_index[:n].long()
         staged = index >= 0
         accepted = self.accepted()
-        self.committed.add_(accepted.sum())
         rejected = staged & ~accepted[index.clamp(min=0)] if accepted.numel() else staged
         return torch.where(rejected, -1, slots)
+
+    def count(self) -> None:
+        """Adds the accepted tokens to ``committed``: once per commit, after its writes, so
+        that a commit redone after an error counts them once."""
+        self.committed.add_(self.accepted().sum())
 
 
 Write = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -122,6 +124,8 @@ def commit_kv_reference(
     if verdict is not None:
         dst_slots = verdict.keep_rows(dst_slots)
     copy_rows_reference(key_caches, value_caches, src_slots, dst_slots)
+    if verdict is not None:
+        verdict.count()
 
 
 if HAS_TRITON:

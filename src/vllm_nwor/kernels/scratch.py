@@ -2,18 +2,25 @@
 
 NWOR keeps the last :func:`scratch_blocks` blocks of every layer's paged cache out of the
 scheduler's hands. Batch row ``i`` owns the ``per_request`` blocks from ``base + i *
-per_request``. In a verify step, a request with drafts (its last row is staged) is *drafting*:
+per_request``. In a verify step, a request with drafts (its last row is staged) is *drafting*.
+Its *scratch span* is its blocks from the one holding its first draft onward:
 
-- vLLM's own KV write puts each of its rows in its scratch blocks, not in its own blocks: the
-  write goes through ``write_slots``, vLLM's slot mapping with those rows' slots replaced. Rows
-  of other requests keep their slots. So the write is vLLM's one launch per layer, unchanged.
-- FlashAttention reads it through a block table in which its blocks from the one holding its
-  first query row onward are its scratch blocks. Those hold, for every layer, the committed
-  tokens that share the first such block (copied here) and the step's own rows: the chunk is
-  visible, and no row is written to a block the scheduler gave a request.
+- vLLM's own KV write puts each of its rows in the scratch span in its scratch blocks, not in
+  its own blocks: the write goes through ``write_slots``, vLLM's slot mapping with those rows'
+  slots replaced. Its rows before the span (its last sampled token when that token ends a block,
+  or prompt rows) and the rows of other requests keep their slots. So the write is vLLM's one
+  launch per layer, unchanged.
+- Rows before the span are written in the forward, as vLLM writes them, because the scheduler
+  may already treat their blocks as full: it hashes a block for prefix caching once the request's
+  known tokens fill it, and a request admitted in the same step may read it. A block the span
+  starts in holds a draft, so no request but this one can read it before the commit.
+- FlashAttention reads it through a block table in which its span's blocks are its scratch
+  blocks. Those hold, for every layer, the committed tokens that share the first such block
+  (copied here) and the step's own rows: the chunk is visible, and no draft is written to a
+  block the scheduler gave a request.
 - After rejection sampling, :func:`~vllm_nwor.kernels.commit_kv.commit_kv` copies its accepted
-  rows (its last sampled token and its accepted drafts) from the scratch blocks to their own
-  slots, ``commit_slots`` (-1 for rows of other requests).
+  rows in the span (those before its drafts, and its accepted drafts) from the scratch blocks to
+  their own slots, ``commit_slots`` (-1 for every other row).
 
 :func:`plan_scratch` is one launch per step, before the first layer's KV update. For every
 request it writes its row of ``table`` (vLLM's ``block_table`` with those entries replaced) and
@@ -45,16 +52,18 @@ def scratch_blocks(max_num_seqs: int, num_spec_tokens: int, block_size: int) -> 
 
 
 def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size, per_request):
-    """``(drafting, start, p0, lo, hi)`` for request ``req`` (the reference's scalar version).
-    A request whose rows span more blocks than it owns in scratch (never, with at most ``1 + k``
-    rows) is not drafting: vLLM's write puts its rows in its own blocks."""
+    """``(drafting, start, p0, lo, hi)`` for request ``req`` (the reference's scalar version):
+    its first row's position ``p0`` and its scratch span, blocks ``lo`` (its first draft's) to
+    ``hi``. A request whose drafts span more blocks than it owns in scratch (never, with at most
+    ``k`` drafts) is not drafting: vLLM's write puts its rows in its own blocks."""
     start, end = int(qsl[req]), int(qsl[req + 1])
     q = end - start
     seq = int(seq_lens[req])
     p0 = seq - q
-    last = end - 1
-    staged = q > 0 and last < row_stage_index.shape[0] and int(row_stage_index[last]) >= 0
-    lo, hi = p0 // block_size, (seq - 1) // block_size
+    index = row_stage_index[start:min(end, row_stage_index.shape[0])]
+    drafts = int((index >= 0).sum())  # a request's drafts are its last rows
+    staged = q > 0 and end <= row_stage_index.shape[0] and int(row_stage_index[end - 1]) >= 0
+    lo, hi = (seq - drafts) // block_size, (seq - 1) // block_size
     drafting = staged and p0 >= 0 and hi < width and hi - lo < per_request
     return drafting, start, p0, lo, hi
 
@@ -80,14 +89,15 @@ def plan_scratch_reference(block_table, qsl, seq_lens, row_stage_index, slot_map
         pos = torch.arange(p0, p0 + q, device=write_slots.device)
         slots = (first + pos // block_size - lo) * block_size + pos % block_size
         own = slot_mapping[start:start + q].long()
-        write_slots[start:start + q] = slots if drafting else own
-        commit_slots[start:start + q] = own if drafting else -1
+        in_span = (pos >= lo * block_size) & drafting
+        write_slots[start:start + q] = torch.where(in_span, slots, own)
+        commit_slots[start:start + q] = torch.where(in_span, own, -1)
         src = int(block_table[req, lo]) if drafting else -1
         if drafting and 0 <= src < base:
-            tail = p0 - lo * block_size
+            tail = p0 - lo * block_size  # committed tokens before the span's first row
             for caches in (key_caches, value_caches):
                 for cache in caches:
-                    cache[first, :tail] = cache[src, :tail]
+                    cache[first, :max(tail, 0)] = cache[src, :max(tail, 0)]
 
 
 if HAS_TRITON:
@@ -113,7 +123,14 @@ if HAS_TRITON:
         staged = tl.load(stage_index_ptr + last, mask=(q > 0) & (last < num_stage_rows),
                          other=-1) >= 0
         p0 = seq - q
-        lo = p0 // block_size
+        # A request's drafts are its last rows; counted only for a staged request.
+        drafts = tl.zeros([], tl.int64)
+        for r0 in range(0, tl.where(staged, q, 0), BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            index = tl.load(stage_index_ptr + start + r,
+                            mask=(r < q) & (start + r < num_stage_rows), other=-1)
+            drafts += tl.sum((index >= 0).to(tl.int64))
+        lo = (seq - drafts) // block_size  # the scratch span: its first draft's block on
         hi = (seq - 1) // block_size
         drafting = staged & (p0 >= 0) & (hi < width) & (hi - lo < per_request)
         first = base + req * per_request
@@ -137,13 +154,14 @@ if HAS_TRITON:
                 pos = p0 + r
                 scratch = (first + pos // block_size - lo) * block_size + pos % block_size
                 own = tl.load(slot_ptr + start + r, mask=r < q).to(tl.int64)
-                tl.store(write_slots_ptr + start + r, tl.where(drafting, scratch, own),
+                in_span = drafting & (pos >= lo * block_size)
+                tl.store(write_slots_ptr + start + r, tl.where(in_span, scratch, own),
                          mask=r < q)
-                tl.store(commit_slots_ptr + start + r, tl.where(drafting, own, -1), mask=r < q)
+                tl.store(commit_slots_ptr + start + r, tl.where(in_span, own, -1), mask=r < q)
         if drafting:
             src = tl.load(block_table_ptr + req * bt_stride + lo).to(tl.int64)
             if (src >= 0) & (src < base):
-                tail = p0 - lo * block_size
+                tail = p0 - lo * block_size  # committed tokens before the span's first row
                 key_offset = tl.load(key_offsets_ptr + layer)
                 value_offset = tl.load(value_offsets_ptr + layer)
                 t = tl.arange(0, BLOCK_T)[:, None, None]

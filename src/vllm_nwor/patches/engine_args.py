@@ -113,11 +113,43 @@ def check_engine_config(vllm_config: Any) -> None:
     refused = unsupported_kv_cache_dtype(vllm_config.cache_config.cache_dtype)
     if refused is not None:
         raise NworConfigError(f"'nwor': true does not support {refused}")
-    if vllm_config.parallel_config.pipeline_parallel_size != 1:
-        raise NworConfigError(
-            "'nwor': true supports pipeline_parallel_size=1 only, got "
-            f"{vllm_config.parallel_config.pipeline_parallel_size}"
-        )
+    parallel = vllm_config.parallel_config
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if getattr(parallel, key, 1) != 1:
+            raise NworConfigError(
+                f"'nwor': true supports {key}=1 only, got {getattr(parallel, key)}: NWOR has "
+                "not been verified across ranks (each rank must commit the same accepted "
+                "prefix); run without 'nwor' or on one GPU"
+            )
+    refused = unsupported_compilation(vllm_config.compilation_config)
+    if refused is not None:
+        raise NworConfigError(f"'nwor': true does not support {refused}")
+
+
+def unsupported_compilation(compilation_config: Any) -> str | None:
+    """What of ``compilation_config`` NWOR cannot serve, or None.
+
+    NWOR must see every target layer's KV write in Python, or replay a FULL graph it captured
+    with its staged path. With piecewise CUDA graphs, vLLM keeps the KV write out of the
+    captured pieces only when ``vllm::unified_kv_cache_update`` is a splitting op, which is its
+    default without Inductor graph partition. Otherwise a piece captured with vLLM's plain write
+    would replay it in a verify step while attention reads the scratch blocks."""
+    from vllm.config import CompilationMode
+
+    if compilation_config.mode != CompilationMode.VLLM_COMPILE:
+        return None
+    mode = compilation_config.cudagraph_mode
+    if mode is None or not mode.has_piecewise_cudagraphs():
+        return None
+    if compilation_config.use_inductor_graph_partition:
+        return (f"use_inductor_graph_partition=True with cudagraph_mode={mode.name} (the KV "
+                "write is captured inside piecewise CUDA graphs); allowed: "
+                "use_inductor_graph_partition=False, or cudagraph_mode FULL or NONE")
+    if "vllm::unified_kv_cache_update" not in (compilation_config.splitting_ops or []):
+        return (f"splitting_ops={compilation_config.splitting_ops!r} with cudagraph_mode="
+                f"{mode.name}: 'vllm::unified_kv_cache_update' must be a splitting op (vLLM's "
+                "default when splitting_ops is not set), or cudagraph_mode FULL or NONE")
+    return None
 
 
 def log_activation(vllm_config: Any) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import get_forward_context
+from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor.patches._patch import Patch, original
@@ -78,6 +79,9 @@ class ScratchMetadata:
 
 
 class FlashAttnBackend:
+    """One per engine (``model_runner.bind`` makes it): its scratch staging is that engine's,
+    and reaches the layers' attention through their bindings."""
+
     name = "FLASH_ATTN"
 
     def __init__(self) -> None:
@@ -94,6 +98,10 @@ class FlashAttnBackend:
             if impl.sliding_window not in (None, (-1, -1)) else None,
             f"decode context parallel size {impl.dcp_world_size}"
             if getattr(impl, "dcp_world_size", 1) > 1 else None,
+            # The engine core keeps the scratch blocks from the scheduler on CUDA only
+            # (engine_core.reserved_blocks): anywhere else a request could own one.
+            f"platform {current_platform.device_name!r} (scratch blocks are reserved on CUDA "
+            "only)" if not current_platform.is_cuda() else None,
         )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
@@ -101,8 +109,8 @@ class FlashAttnBackend:
             layer.impl, layer, key, value, layer.kv_cache, slot_mapping
         )
 
-    def layer_state(self, layer) -> None:
-        return None
+    def layer_state(self, layer) -> ScratchMetadata | None:
+        return self.scratch  # made by fused_ops, which bind() calls first
 
     def fused_ops(self, layers: list, max_num_seqs: int, num_spec_tokens: int,
                   max_rows: int) -> tuple[StageFn, CommitFn, WriteBackFn]:
@@ -130,13 +138,11 @@ class FlashAttnBackend:
         impl.sliding_window = (window - 1, 0)  # FlashAttentionImpl's form of a causal window
 
 
-BACKEND = FlashAttnBackend()
-
-
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        if staged_binding(layer, attn_metadata) is not None:
-            attn_metadata = BACKEND.scratch.metadata(attn_metadata)  # type: ignore[union-attr]
+        binding = staged_binding(layer, attn_metadata)
+        if binding is not None:
+            attn_metadata = binding.backend_state.metadata(attn_metadata)
         return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                        *args, **kwargs)
 

@@ -37,7 +37,6 @@ from vllm_nwor.staging import (
     NworInterceptor,
     StageFn,
     StagingBuffer,
-    VerifyStep,
     WriteBackFn,
 )
 from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at, thin_acceptance
@@ -149,9 +148,11 @@ def wrap_kv_cache_update(do_kv_cache_update):
 
 
 def _backends() -> list[NworBackend]:
+    """A new instance of every backend: an engine's backend state is its own, never shared
+    with another engine in the same process."""
     from vllm_nwor.patches import cpu_attn, flash_attn
 
-    return [cpu_attn.BACKEND, flash_attn.BACKEND]
+    return [cpu_attn.CpuAttnBackend(), flash_attn.FlashAttnBackend()]
 
 
 def attention_layers(model: torch.nn.Module) -> list[Attention]:
@@ -261,17 +262,12 @@ def _wrap_prepare_inputs(prepare_inputs):
         )
         interceptor: NworInterceptor | None = getattr(self, INTERCEPTOR_ATTR, None)
         if interceptor is not None:
-            step = None
-            if spec_decode_metadata is not None:
-                num_reqs = self.input_batch.num_reqs
-                step = VerifyStep.from_batch(
-                    spec_decode_metadata.num_draft_tokens,
-                    self.query_start_loc.np[: num_reqs + 1],
-                    self.device,
-                    interceptor.uploader,
-                )
-            if not interceptor.begin(step) and len(num_scheduled_tokens) and \
-                    num_scheduled_tokens.max() > 1:
+            num_reqs = self.input_batch.num_reqs
+            drafts = None if spec_decode_metadata is None else \
+                spec_decode_metadata.num_draft_tokens
+            if not interceptor.begin_batch(drafts, self.query_start_loc.np[: num_reqs + 1],
+                                           self.device) and \
+                    len(num_scheduled_tokens) and num_scheduled_tokens.max() > 1:
                 # A FULL graph captured with the staged path may replay: write every row.
                 interceptor.unstage_rows(int(num_scheduled_tokens.sum()))
         return logits_indices, spec_decode_metadata

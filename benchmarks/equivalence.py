@@ -1,0 +1,446 @@
+"""NWOR on vs off under vLLM's defaults: the equivalence matrix (CPU in CI, GPU on the device).
+
+A case runs two engines with the same settings, one at a time: NWOR off, then NWOR on. vLLM's
+defaults stand (prefix caching, its own choice of async scheduling, chunked prefill, EOS live,
+and on the GPU torch.compile and CUDA graphs); a case changes only what it is about, and says
+why in its ``why``. Every case's workload has two rounds in one engine:
+
+- round 1: prompts that share a long prefix (some identical), prompts longer than the step's
+  token budget (chunked prefill beside verify steps), greedy requests ending at different
+  ``max_tokens`` (mid-chunk);
+- round 2, built from each request's round-1 output: prompts that extend a round-1 prompt with
+  its output (prefix-cache hits on blocks NWOR committed), and the round-1 greedy prompts again
+  with a stop token id taken from the middle of their round-1 output (a stop inside accepted
+  drafts), and with a stop string where the model has a tokenizer;
+- round 3: seeded sampling at temperature 0.8, one request with ``n=3``.
+
+Greedy requests must match token for token, and their logprobs bit for bit where verify
+attention is vLLM's own call (FLASH_ATTN); on the CPU, NWOR's staged attention is a PyTorch
+reference, so logprobs are compared within a tolerance. Seeded sampling is not reproducible
+across vLLM 0.26 engines even with NWOR off (an A/A case measures it): its requests must have
+identical logprobs up to the first token that differs, and are reported, not required equal.
+
+Every NWOR-on run also checks the paged cache after every step (tests/common/cache_audit.py:
+committed tokens written, nothing past them), and that its counters equal vLLM's spec-decode
+stats.
+
+    python benchmarks/equivalence.py [--cases NAME,...] [--out JSON]   # the matrix
+    python benchmarks/equivalence.py --probe SPEC_JSON OUT_JSON          # one engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "tests" / "common"))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the matrix: an engine pair (NWOR off, NWOR on) and its workload."""
+
+    name: str
+    method: str = "draft_model"  # or "ngram"
+    k: int = 3
+    model: dict = field(default_factory=dict)  # write_tiny_llama_pair's keywords, or shipped
+    engine: dict = field(default_factory=dict)  # LLM keywords that differ from the harness's
+    why: str = ""  # one line: why ``engine`` departs from vLLM's defaults
+    audit: bool = True  # the per-step cache audit (NWOR on)
+    nwor_both: bool = False  # an A/A control: NWOR off on both sides
+    two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
+    preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
+
+
+# Shapes for the GPU (FlashAttention 3 needs head dims of 64 or more): head dim, GQA ratio.
+GPU_SHAPES = {
+    "hd64_gqa2": dict(hidden_size=256, num_heads=4, num_kv_heads=2),
+    "hd64_gqa1": dict(hidden_size=256, num_heads=4, num_kv_heads=4),
+    "hd128_gqa4": dict(hidden_size=512, num_heads=4, num_kv_heads=1),
+    "hd128_gqa8": dict(hidden_size=1024, num_heads=8, num_kv_heads=1),
+}
+CPU_SHAPES = {
+    "hd32_gqa2": dict(hidden_size=128, num_heads=4, num_kv_heads=2),
+    "hd64_gqa4": dict(hidden_size=256, num_heads=4, num_kv_heads=1),
+}
+# A noisy copy of the target drafts: accepted often, not always (real rejections).
+DRAFT = dict(num_layers=3, draft_layers=3, draft_noise=0.08)
+
+
+def cases(on_cuda: bool) -> list[Case]:
+    shapes = GPU_SHAPES if on_cuda else CPU_SHAPES
+    first = next(iter(shapes))
+    model = {**DRAFT, **shapes[first]}
+    rows = [
+        Case("defaults_draft_model", model=model),
+        Case("defaults_ngram", method="ngram", k=4, model=model),
+        Case("aa_control_draft_model", model=model, nwor_both=True,
+             why="A/A: NWOR off twice, vLLM's own spread between two engines"),
+        Case("block_size_32_k5", k=5, model=model, engine=dict(block_size=32),
+             why="block size 32 (vLLM's default is 16)"),
+        Case("block_size_64", model=model, engine=dict(block_size=64),
+             why="block size 64"),
+        Case("preemption", model=model, preempt=True,
+             why="a KV cache too small for the batch (num_gpu_blocks_override), to preempt"),
+        Case("prefix_caching_off", model=model, engine=dict(enable_prefix_caching=False),
+             why="prefix caching off, the setting every earlier test used"),
+        Case("two_engines_one_process", model=model, two_engines=True),
+    ]
+    rows += [Case(f"shape_{name}", model={**DRAFT, **shape}) for name, shape in shapes.items()
+             if name != first]
+    if on_cuda:
+        rows += [
+            Case("async_scheduling_on", model=model, engine=dict(async_scheduling=True),
+                 audit=False, why="async scheduling on (vLLM's default is off for draft_model;"
+                 " the audit needs sync steps)"),
+            Case("eager", model=model, engine=dict(enforce_eager=True),
+                 why="no CUDA graphs, no compile: every layer through NWOR's Python path"),
+        ]
+    return rows
+
+
+# -- the workload ---------------------------------------------------------------------------
+
+PREFIX = [(11 * j) % 397 + 3 for j in range(200)]  # shared by round 1's first prompts
+
+
+def round_one(vocab: int) -> list[tuple[list[int], dict]]:
+    """(prompt, SamplingParams keywords) of round 1."""
+    requests = []
+    for i in range(6):  # a shared 200-token prefix; 0 and 1 identical
+        prompt = PREFIX + [(5 * i + j) % (vocab - 3) + 3 for j in range(4 + (i > 1) * i)]
+        requests.append((prompt, dict(max_tokens=[40, 40, 7, 13, 29, 33][i])))
+    for i in range(4):  # longer than the token budget: prefilled in chunks beside verify steps
+        prompt = [(7 * i + 13 * j) % (vocab - 3) + 3 for j in range(150 + 30 * i)]
+        requests.append((prompt, dict(max_tokens=24 + 5 * i)))
+    return requests
+
+
+def round_sampled(vocab: int, on_cuda: bool) -> list[tuple[list[int], dict]]:
+    """Sampling at temperature 0.8, in a round of its own: vLLM 0.26 does not reproduce it
+    across engines with speculative decoding, and greedy requests that share its batches would
+    then meet different batch shapes. Seeded on the GPU; on the CPU a seeded request stops the
+    engine in vLLM 0.26 ("CPU Generator does not use offset", with NWOR off too)."""
+    return [([(3 * i + 17 * j) % (vocab - 3) + 3 for j in range(20 + 9 * i)],
+             dict(max_tokens=30, temperature=0.8, n=3 if i == 0 else 1,
+                  **({"seed": 100 + i} if on_cuda else {})))
+            for i in range(3)]
+
+
+def round_two(first: list[tuple[list[int], dict]], outputs: list[list[list[int]]],
+              has_tokenizer: bool) -> list[tuple[list[int], dict]]:
+    """Round 2 from round 1's requests and outputs (one token list per sequence)."""
+    requests = []
+    for (prompt, params), out in zip(first, outputs, strict=True):
+        tokens = out[0]
+        if params.get("temperature") or len(tokens) < 8:
+            continue
+        # The prompt extended by its output: its blocks are prefix-cache hits.
+        requests.append((prompt + tokens + [5, 6, 7], dict(max_tokens=20)))
+        # The same prompt, stopping at a token from the middle of its output.
+        stop = tokens[len(tokens) // 2]
+        requests.append((prompt, dict(params, stop_token_ids=[stop])))
+        if has_tokenizer:
+            requests.append((prompt, dict(params, stop=["\n"])))
+    return requests
+
+
+# -- one engine -----------------------------------------------------------------------------
+
+
+def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool) -> dict:
+    """``LLM``'s keywords: vLLM's defaults but for what every small engine needs and
+    ``case.engine``."""
+    target, draft = paths
+    speculative = {"method": case.method, "num_speculative_tokens": case.k}
+    if case.method == "ngram":
+        speculative |= {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    else:
+        speculative["model"] = draft
+    if nwor:
+        speculative["nwor"] = True
+    kwargs = dict(
+        model=target, speculative_config=speculative,
+        skip_tokenizer_init=not Path(target, "tokenizer.json").exists(),
+        max_model_len=512, max_num_seqs=8, max_num_batched_tokens=128,  # a small token budget
+        gpu_memory_utilization=0.15 if on_cuda else 0.3, disable_log_stats=False, seed=0,
+        dtype="bfloat16" if on_cuda else "float32",
+    )
+    if case.preempt:
+        # The same blocks for requests on both sides: NWOR on CUDA keeps its scratch blocks
+        # out of the override, so NWOR off gets the override less them.
+        from vllm_nwor.kernels.scratch import scratch_blocks
+
+        block_size = case.engine.get("block_size", 16)
+        reserved = scratch_blocks(8, case.k, block_size)[1] if on_cuda else 0
+        kwargs["num_gpu_blocks_override"] = 48 + (reserved if nwor else 0)
+    return {**kwargs, **case.engine}
+
+
+def read_tokens_fn(on_cuda: bool):
+    import torch
+
+    if on_cuda:
+        def read(layer, block_ids, num_tokens):  # FLASH_ATTN's (B, H, N, 2D), per token
+            kv = layer.kv_cache.transpose(1, 2)[block_ids.to(layer.kv_cache.device)]
+            return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
+        return read
+
+    from vllm_nwor.patches.cpu_attn import CpuAttnBackend
+
+    backend = CpuAttnBackend()
+
+    def read_cpu(layer, block_ids, num_tokens):
+        key, value = backend.layer_state(layer).gather(layer.kv_cache, block_ids, num_tokens)
+        return torch.cat([key, value], dim=-1).flatten(1)
+    return read_cpu
+
+
+def _generate(llm, requests) -> list[dict]:
+    from vllm import SamplingParams
+
+    prompts = [{"prompt_token_ids": p} for p, _ in requests]
+    # Greedy unless a request says otherwise (SamplingParams' own default is temperature 1).
+    params = [SamplingParams(logprobs=0, **{"temperature": 0.0, **kw}) for _, kw in requests]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [{
+        "tokens": [list(c.token_ids) for c in o.outputs],
+        "logprobs": [[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
+                     for c in o.outputs],
+        "finish": [c.finish_reason for c in o.outputs],
+        "stop": [c.stop_reason for c in o.outputs],
+        "sampled": bool(kw.get("temperature")),
+    } for o, (_, kw) in zip(outputs, requests, strict=True)]
+
+
+class StepRecorder:
+    """Counts, per step, what the matrix claims to exercise: steps with drafts, and steps in
+    which a request starts from prefix-cache hits while another request verifies drafts."""
+
+    def __init__(self, runner) -> None:
+        self.verify_steps = self.hits_beside_verify = 0
+        execute_model = runner.execute_model
+
+        def recording(scheduler_output, *args, **kwargs):
+            if scheduler_output.scheduled_spec_decode_tokens:
+                self.verify_steps += 1
+                if any(r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs):
+                    self.hits_beside_verify += 1
+            return execute_model(scheduler_output, *args, **kwargs)
+
+        runner.execute_model = recording
+
+
+def run_engine(spec: dict) -> dict:
+    """One engine (in this process): both rounds, the cache audit, the counters."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import gc
+
+    from cache_audit import CacheAudit, runner_of
+    from vllm import LLM
+
+    import vllm_nwor
+    from vllm_nwor.patches.model_runner import attention_layers
+
+    case, on_cuda, nwor = Case(**spec["case"]), spec["on_cuda"], spec["nwor"]
+    kwargs = engine_kwargs(case, tuple(spec["paths"]), nwor, on_cuda)
+    llm = LLM(**kwargs)
+    runner = runner_of(llm)
+    other = None
+    if case.two_engines and nwor:  # a second NWOR engine in this process, bound after this one
+        other_case = Case(**{**spec["case"], "k": case.k + 1})
+        other = LLM(**engine_kwargs(other_case, tuple(spec["paths"]), True, on_cuda))
+    audit = None
+    if case.audit and nwor:
+        block_size = kwargs.get("block_size", 16)
+        audit = CacheAudit(llm, attention_layers(runner.get_model()), read_tokens_fn(on_cuda),
+                           block_size)
+    steps = StepRecorder(runner)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    has_tokenizer = not kwargs["skip_tokenizer_init"]
+    first = round_one(vocab)
+    out1 = _generate(llm, first)
+    if other is not None:  # the other engine runs between this one's rounds
+        _generate(other, first[:4])
+    second = round_two(first, [o["tokens"] for o in out1], has_tokenizer)
+    out2 = _generate(llm, second)
+    out3 = _generate(llm, round_sampled(vocab, on_cuda))
+    metrics = {m.name: m for m in llm.get_metrics()}
+    counters = vllm_nwor.get_counters(llm)
+    result = {
+        "outputs": out1 + out2 + out3,
+        "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
+        "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
+        "preemptions": int(metrics["vllm:num_preemptions"].value),
+        "prefix_cache_hits": int(metrics["vllm:prefix_cache_hits"].value),
+        "counters": None if counters is None else counters.as_dict(),
+        "verify_steps": steps.verify_steps,
+        "hits_beside_verify": steps.hits_beside_verify,
+        "settings": {
+            "enable_prefix_caching": bool(llm.llm_engine.vllm_config.cache_config
+                                          .enable_prefix_caching),
+            "async_scheduling": bool(runner.use_async_scheduling),
+            "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
+            "block_size": kwargs.get("block_size", 16),
+            "attention": type(attention_layers(runner.get_model())[0].impl).__name__,
+            "runner": "V2" if llm.llm_engine.vllm_config.use_v2_model_runner else "V1",
+            "tensor_parallel_size": llm.llm_engine.vllm_config.parallel_config
+            .tensor_parallel_size,
+        },
+        "audit": None if audit is None else {
+            "violations": audit.violations[:10], "num_violations": len(audit.violations),
+            "rejected_drafts": audit.rejected_drafts, "checked_tokens": audit.checked_tokens},
+    }
+    for engine in (llm, other):
+        if engine is not None:
+            engine.llm_engine.engine_core.shutdown()
+    del llm, other
+    gc.collect()
+    return result
+
+
+def probe(spec: dict, timeout: int = 900) -> dict:
+    """:func:`run_engine` in a fresh process (one engine at a time on a GPU)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"probe failed ({spec['case']['name']}, nwor={spec['nwor']}):\n"
+                               f"{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+# -- comparing two runs ---------------------------------------------------------------------
+
+
+def compare(off: dict, on: dict, logprob_atol: float) -> dict:
+    """Greedy sequences token for token (and logprobs within ``logprob_atol``, 0 = bit for
+    bit); sampled sequences: logprobs identical up to their first differing token."""
+    same = total = 0
+    greedy_exact, logprobs_exact, sampled_logprobs_exact = True, True, True
+    mismatches = []
+    for i, (a, b) in enumerate(zip(off["outputs"], on["outputs"], strict=True)):
+        for s, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
+            n = min(len(ta), len(tb))
+            agree = next((j for j in range(n) if ta[j] != tb[j]), n)
+            same += agree
+            total += max(len(ta), len(tb))
+            la, lb = a["logprobs"][s][:agree], b["logprobs"][s][:agree]
+            close = all(abs(x - y) <= logprob_atol for x, y in zip(la, lb, strict=True))
+            if a["sampled"]:
+                sampled_logprobs_exact &= close
+                continue
+            if ta != tb or a["finish"][s] != b["finish"][s]:
+                greedy_exact = False
+                mismatches.append({"request": i, "seq": s, "first_difference": agree})
+            logprobs_exact &= close
+    return {"exact": greedy_exact and logprobs_exact and sampled_logprobs_exact,
+            "greedy_tokens_exact": greedy_exact, "greedy_logprobs_exact": logprobs_exact,
+            "sampled_logprobs_exact_to_first_difference": sampled_logprobs_exact,
+            "agreement": same / max(total, 1), "mismatches": mismatches[:10]}
+
+
+def checks(on: dict, case: Case) -> list[str]:
+    """What must hold of a NWOR-on run by itself; each failure as a line."""
+    failed = []
+    counters = on["counters"]
+    if counters is None:
+        return ["no NWOR counters: NWOR is off"]
+    if counters["fallbacks"]:
+        failed.append(f"fallbacks {counters['fallbacks']}")
+    if counters["tokens_staged"] != on["drafted"]:
+        failed.append(f"staged {counters['tokens_staged']} != vLLM's drafted {on['drafted']}")
+    if counters["tokens_committed"] != on["accepted"]:
+        failed.append(f"committed {counters['tokens_committed']} != vLLM's accepted "
+                      f"{on['accepted']}")
+    if not 0 < on["accepted"] < on["drafted"]:
+        failed.append(f"no partial acceptance ({on['accepted']} of {on['drafted']})")
+    if on["audit"] is not None and on["audit"]["num_violations"]:
+        failed.append(f"cache audit: {on['audit']['violations'][:3]}")
+    if on["prefix_cache_hits"] == 0 and on["settings"]["enable_prefix_caching"]:
+        failed.append("no prefix-cache hits")
+    if case.preempt and on["preemptions"] == 0:
+        failed.append("no preemption")
+    return failed
+
+
+def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe) -> dict:
+    spec = {"case": asdict(case), "paths": list(paths), "on_cuda": on_cuda}
+    off = run({**spec, "nwor": False})
+    on = run({**spec, "nwor": not case.nwor_both})
+    result = compare(off, on, logprob_atol=0.0 if on_cuda else 1e-3)
+    failed = [] if case.nwor_both else checks(on, case)
+    if case.preempt and off["preemptions"] != on["preemptions"]:
+        failed.append(f"preemptions differ: {off['preemptions']} off, {on['preemptions']} on")
+    return {
+        "name": case.name, "why": case.why,
+        "settings": {**on["settings"], "method": case.method, "num_speculative_tokens": case.k,
+                     "model": case.model, **{k: v for k, v in case.engine.items()}},
+        **result, "checks_failed": failed,
+        "drafted": on["drafted"], "accepted": on["accepted"], "counters": on["counters"],
+        "off": {"drafted": off["drafted"], "accepted": off["accepted"],
+                "preemptions": off["preemptions"]},
+        "preemptions": on["preemptions"], "prefix_cache_hits": on["prefix_cache_hits"],
+        "verify_steps": on["verify_steps"], "hits_beside_verify": on["hits_beside_verify"],
+        "audit": on["audit"],
+    }
+
+
+def model_paths(model: dict, root: Path) -> tuple[str, str]:
+    from vllm_nwor.testing import shipped_pair, write_tiny_llama_pair
+
+    if model.get("shipped"):
+        return shipped_pair()
+    where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
+    if (where / "draft" / "config.json").exists():
+        return str(where / "target"), str(where / "draft")
+    return write_tiny_llama_pair(where, **model)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--probe", nargs=2, metavar=("SPEC", "OUT"))
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument("--out", type=Path, help="the result JSON")
+    parser.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "nwor-eq")
+    args = parser.parse_args()
+    if args.probe:
+        result = run_engine(json.loads(args.probe[0]))
+        Path(args.probe[1]).write_text(json.dumps(result))
+        return
+    import torch
+
+    from common import environment, write_json
+
+    on_cuda = torch.cuda.is_available()
+    chosen = [c for c in cases(on_cuda)
+              if not args.cases or c.name in args.cases.split(",")]
+    env = environment()
+    where = "gpu" if on_cuda else "cpu"
+    out = args.out or HERE / "results" / f"equivalence_{where}_{env['date']}.json"
+    payload = {**env, "cases": []}
+    for case in chosen:
+        start = time.perf_counter()
+        try:
+            row = run_case(case, model_paths(case.model, args.models), on_cuda)
+        except Exception as error:  # a failed case is a row, not the end of the matrix
+            row = {"name": case.name, "exact": False, "error": str(error)[-2000:]}
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        payload["cases"].append(row)
+        print(json.dumps({k: row.get(k) for k in ("name", "exact", "agreement",
+                                                   "checks_failed", "error", "seconds")}),
+              flush=True)
+        write_json(out, payload)
+
+
+if __name__ == "__main__":
+    main()
