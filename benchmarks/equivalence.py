@@ -12,7 +12,9 @@ why in its ``why``. Every case's workload has two rounds in one engine:
   its output (prefix-cache hits on blocks NWOR committed), and the round-1 greedy prompts again
   with a stop token id taken from the middle of their round-1 output (a stop inside accepted
   drafts), and with a stop string where the model has a tokenizer;
-- round 3: seeded sampling at temperature 0.8, one request with ``n=3``.
+- round 3: seeded sampling at temperature 0.8, one request with ``n=3``;
+- round 4 (:func:`same_step_hits`): requests that read from the prefix cache a block that a
+  drafting request completes in the same step.
 
 Greedy requests must match token for token, and their logprobs bit for bit where verify
 attention is vLLM's own call (FLASH_ATTN); on the CPU, NWOR's staged attention is a PyTorch
@@ -153,6 +155,50 @@ def round_two(first: list[tuple[list[int], dict]], outputs: list[list[list[int]]
     return requests
 
 
+def same_step_hits(llm, vocab: int, block_size: int) -> list[dict]:
+    """Requests that read, from the prefix cache, a block that a drafting request completes in
+    the same step. Each request A first runs alone (its greedy output), then again with the
+    prefix cache reset, one engine step at a time; before every step in which A's last sampled
+    token will end a block, a request B joins whose prompt is A's tokens so far and one more:
+    the scheduler hashes that block when it schedules A, and gives it to B in the same step,
+    whose forward reads it. Returns every A and B, in the order they were added."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    prompts = [[(13 * i + 7 * j) % (vocab - 3) + 3 for j in range(37 + 5 * i)] for i in range(4)]
+    solo = _generate(llm, [(p, dict(max_tokens=60)) for p in prompts])
+    llm.reset_prefix_cache()
+    order, done, joined = [], {}, 0
+    for i, prompt in enumerate(prompts):
+        a = f"a{i}"
+        engine.add_request(a, {"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0.0, max_tokens=60, logprobs=0))
+        order.append(a)
+        produced = 0
+        while engine.has_unfinished_requests():
+            length = len(prompt) + produced  # A's tokens; its last sampled one is at length - 1
+            if a not in done and produced and length % block_size == 0 and joined < 3 * (i + 1):
+                b = f"b{i}-{produced}"
+                tokens = prompt + solo[i]["tokens"][0][:produced] + [5]
+                engine.add_request(b, {"prompt_token_ids": tokens},
+                                   SamplingParams(temperature=0.0, max_tokens=12, logprobs=0))
+                order.append(b)
+                joined += 1
+            for out in engine.step():
+                if out.request_id == a:
+                    produced = len(out.outputs[0].token_ids)
+                if out.finished:
+                    done[out.request_id] = out
+    return [{
+        "tokens": [list(c.token_ids) for c in done[rid].outputs],
+        "logprobs": [[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
+                     for c in done[rid].outputs],
+        "finish": [c.finish_reason for c in done[rid].outputs],
+        "stop": [c.stop_reason for c in done[rid].outputs],
+        "sampled": False,
+    } for rid in order]
+
+
 # -- one engine -----------------------------------------------------------------------------
 
 
@@ -273,10 +319,11 @@ def run_engine(spec: dict) -> dict:
     second = round_two(first, [o["tokens"] for o in out1], has_tokenizer)
     out2 = _generate(llm, second)
     out3 = _generate(llm, round_sampled(vocab, on_cuda))
+    out4 = same_step_hits(llm, vocab, kwargs.get("block_size", 16))
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
     result = {
-        "outputs": out1 + out2 + out3,
+        "outputs": out1 + out2 + out3 + out4,
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
         "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
         "preemptions": int(metrics["vllm:num_preemptions"].value),
