@@ -33,7 +33,12 @@ def spec_config(method: str, draft_path: str | None = None, k: int = 3, **extra)
 
 
 def engine_options(target: str, speculative_config: dict | None, **kwargs: Any) -> dict:
-    """``LLM``'s keyword arguments for the tests' small engines (``kwargs`` override them)."""
+    """``LLM``'s keyword arguments for the tests' small engines (``kwargs`` override them).
+
+    vLLM's defaults stand (prefix caching on, its choice of scheduling, chunked prefill, EOS
+    live) but for a small engine's sizes and one departure: ``enforce_eager``, because the CPU
+    engine's torch.compile costs every engine start tens of seconds; compiled engines run in
+    test_equivalence.py and the equivalence matrix (benchmarks/equivalence.py)."""
     options = dict(
         model=target,
         skip_tokenizer_init=True,
@@ -42,7 +47,6 @@ def engine_options(target: str, speculative_config: dict | None, **kwargs: Any) 
         block_size=16,
         max_num_seqs=4,
         max_num_batched_tokens=64,
-        enable_prefix_caching=False,
         enforce_eager=True,
         gpu_memory_utilization=0.3,
         disable_log_stats=False,

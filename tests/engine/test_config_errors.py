@@ -131,3 +131,40 @@ def test_an_attention_feature_nwor_cannot_serve_is_refused_naming_it(tiny_models
     message = str(err.value)
     for fragment in ("'nwor': true on CPU_ATTN", "sliding_window=8", "layer model.layers.0"):
         assert fragment in message, message
+
+
+@pytest.mark.parametrize("key", ["tensor_parallel_size", "data_parallel_size"])
+def test_parallel_sizes_other_than_one_are_refused_naming_the_setting(tiny_models, key):
+    """Refused in the front end, before any engine process starts: NWOR has not been verified
+    across ranks."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    target, _ = tiny_models
+    args = EngineArgs(model=target, skip_tokenizer_init=True, **{key: 2},
+                      speculative_config=spec_config("ngram", nwor=True))
+    with pytest.raises(NworConfigError, match=f"supports {key}=1 only, got 2"):
+        args.create_engine_config()
+
+
+@pytest.mark.parametrize("partition, splitting_ops, mode, refused", [
+    (False, ["vllm::unified_attention_with_output", "vllm::unified_kv_cache_update"],
+     "FULL_AND_PIECEWISE", None),  # vLLM's default on CUDA
+    (True, ["vllm::unified_attention_with_output"], "FULL_AND_PIECEWISE",
+     "use_inductor_graph_partition=True"),
+    (False, ["vllm::unified_attention_with_output"], "PIECEWISE", "must be a splitting op"),
+    (True, [], "FULL", None),  # no piecewise graphs: NWOR sees every layer or its FULL graph
+    (True, [], "NONE", None),
+])
+def test_piecewise_graphs_that_capture_the_kv_write_are_refused(partition, splitting_ops, mode,
+                                                                refused):
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    from vllm_nwor.patches.engine_args import unsupported_compilation
+
+    config = SimpleNamespace(mode=CompilationMode.VLLM_COMPILE,
+                             use_inductor_graph_partition=partition, splitting_ops=splitting_ops,
+                             cudagraph_mode=CUDAGraphMode[mode])
+    message = unsupported_compilation(config)
+    assert (message is None) if refused is None else (refused in message), message

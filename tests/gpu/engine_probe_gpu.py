@@ -86,7 +86,7 @@ def main(spec: dict, out_path: str) -> None:
     engine = dict(
         model=spec["target"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
         block_size=16, max_num_seqs=4, max_num_batched_tokens=64, gpu_memory_utilization=0.15,
-        disable_log_stats=False, seed=0, enable_prefix_caching=False,
+        disable_log_stats=False, seed=0,
         # The audit reads exact per-step KV lengths on the host, which async scheduling defers.
         async_scheduling=False if audit else None,
     )
