@@ -168,7 +168,11 @@ def same_step_hits(llm, vocab: int, block_size: int) -> list[dict]:
     from vllm import SamplingParams
 
     engine = llm.llm_engine
-    prompts = [[(13 * i + 7 * j) % (vocab - 3) + 3 for j in range(37 + 5 * i)] for i in range(4)]
+    # Prompts one token short of a block boundary: A's first verify step's last sampled token
+    # ends that block, whatever the acceptance; later crossings land on a boundary or not.
+    lengths = [block_size - 1, 2 * block_size - 1, 37, 52]
+    prompts = [[(13 * i + 7 * j) % (vocab - 3) + 3 for j in range(n)]
+               for i, n in enumerate(lengths)]
     solo = _generate(llm, [(p, dict(max_tokens=60)) for p in prompts])
     llm.reset_prefix_cache()
     order, done, joined = [], {}, 0
@@ -180,7 +184,7 @@ def same_step_hits(llm, vocab: int, block_size: int) -> list[dict]:
         produced = 0
         while engine.has_unfinished_requests():
             length = len(prompt) + produced  # A's tokens; its last sampled one is at length - 1
-            if a not in done and produced and length % block_size == 0 and joined < 3 * (i + 1):
+            if a not in done and produced and length % block_size == 0 and joined < 4 * (i + 1):
                 b = f"b{i}-{produced}"
                 tokens = prompt + solo[i]["tokens"][0][:produced] + [5]
                 engine.add_request(b, {"prompt_token_ids": tokens},
@@ -192,6 +196,8 @@ def same_step_hits(llm, vocab: int, block_size: int) -> list[dict]:
                     produced = len(out.outputs[0].token_ids)
                 if out.finished:
                     done[out.request_id] = out
+    if joined == 0:
+        raise RuntimeError("no request joined in a step whose drafting request ends a block")
     return [{
         "tokens": [list(c.token_ids) for c in done[rid].outputs],
         "logprobs": [[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
@@ -224,14 +230,19 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         dtype="bfloat16" if on_cuda else "float32",
     )
     if case.preempt:
-        # The same blocks for requests on both sides: NWOR on CUDA keeps its scratch blocks
-        # out of the override, so NWOR off gets the override less them.
+        # 768 tokens of KV cache, the same blocks for requests on both sides: NWOR on CUDA
+        # keeps its scratch blocks out of the override, so NWOR off gets the override less them.
         from vllm_nwor.kernels.scratch import scratch_blocks
 
-        block_size = case.engine.get("block_size", 16)
+        block_size = case.engine.get("block_size", default_block_size(on_cuda))
         reserved = scratch_blocks(8, case.k, block_size)[1] if on_cuda else 0
-        kwargs["num_gpu_blocks_override"] = 48 + (reserved if nwor else 0)
+        kwargs["num_gpu_blocks_override"] = 768 // block_size + (reserved if nwor else 0)
     return {**kwargs, **case.engine}
+
+
+def default_block_size(on_cuda: bool) -> int:
+    """vLLM 0.26's block size when none is given: 16 on CUDA, 128 on the CPU."""
+    return 16 if on_cuda else 128
 
 
 def read_tokens_fn(on_cuda: bool):
@@ -307,9 +318,9 @@ def run_engine(spec: dict) -> dict:
     if case.two_engines and nwor:  # a second NWOR engine in this process, bound after this one
         other_case = Case(**{**spec["case"], "k": case.k + 1})
         other = LLM(**engine_kwargs(other_case, tuple(spec["paths"]), True, on_cuda))
+    block_size = llm.llm_engine.vllm_config.cache_config.block_size
     audit = None
     if case.audit and nwor:
-        block_size = kwargs.get("block_size", 16)
         audit = CacheAudit(llm, attention_layers(runner.get_model()), read_tokens_fn(on_cuda),
                            block_size)
     steps = StepRecorder(runner)
@@ -322,7 +333,7 @@ def run_engine(spec: dict) -> dict:
     second = round_two(first, [o["tokens"] for o in out1], has_tokenizer)
     out2 = _generate(llm, second)
     out3 = _generate(llm, round_sampled(vocab, on_cuda))
-    out4 = same_step_hits(llm, vocab, kwargs.get("block_size", 16))
+    out4 = same_step_hits(llm, vocab, block_size)
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
     result = {
@@ -339,7 +350,7 @@ def run_engine(spec: dict) -> dict:
                                           .enable_prefix_caching),
             "async_scheduling": bool(runner.use_async_scheduling),
             "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
-            "block_size": kwargs.get("block_size", 16),
+            "block_size": block_size,
             "attention": type(attention_layers(runner.get_model())[0].impl).__name__,
             "runner": "V2" if llm.llm_engine.vllm_config.use_v2_model_runner else "V1",
             "tensor_parallel_size": llm.llm_engine.vllm_config.parallel_config
