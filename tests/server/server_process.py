@@ -45,7 +45,7 @@ class VllmServer:
             "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "512", "--block-size", "16",
             "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--enforce-eager",
-            "--no-enable-prefix-caching", "--seed", "0",
+            "--seed", "0",
             "--speculative-config", json.dumps(speculative_config), *extra_args,
         ]
         self._log = open(log_path, "w")  # closed in stop()
