@@ -198,14 +198,7 @@ def same_step_hits(llm, vocab: int, block_size: int) -> list[dict]:
                     done[out.request_id] = out
     if joined == 0:
         raise RuntimeError("no request joined in a step whose drafting request ends a block")
-    return [{
-        "tokens": [list(c.token_ids) for c in done[rid].outputs],
-        "logprobs": [[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
-                     for c in done[rid].outputs],
-        "finish": [c.finish_reason for c in done[rid].outputs],
-        "stop": [c.stop_reason for c in done[rid].outputs],
-        "sampled": False,
-    } for rid in order]
+    return [summary(done[rid], sampled=False) for rid in order]
 
 
 # -- one engine -----------------------------------------------------------------------------
@@ -271,14 +264,20 @@ def _generate(llm, requests) -> list[dict]:
     # Greedy unless a request says otherwise (SamplingParams' own default is temperature 1).
     params = [SamplingParams(logprobs=0, **{"temperature": 0.0, **kw}) for _, kw in requests]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    return [{
-        "tokens": [list(c.token_ids) for c in o.outputs],
+    return [summary(o, sampled=bool(kw.get("temperature")))
+            for o, (_, kw) in zip(outputs, requests, strict=True)]
+
+
+def summary(output, sampled: bool) -> dict:
+    """A finished ``RequestOutput``: each sequence's tokens, their logprobs, how it ended."""
+    return {
+        "tokens": [list(c.token_ids) for c in output.outputs],
         "logprobs": [[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
-                     for c in o.outputs],
-        "finish": [c.finish_reason for c in o.outputs],
-        "stop": [c.stop_reason for c in o.outputs],
-        "sampled": bool(kw.get("temperature")),
-    } for o, (_, kw) in zip(outputs, requests, strict=True)]
+                     for c in output.outputs],
+        "finish": [c.finish_reason for c in output.outputs],
+        "stop": [c.stop_reason for c in output.outputs],
+        "sampled": sampled,
+    }
 
 
 class StepRecorder:
