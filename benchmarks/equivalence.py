@@ -238,25 +238,6 @@ def default_block_size(on_cuda: bool) -> int:
     return 16 if on_cuda else 128
 
 
-def read_tokens_fn(on_cuda: bool):
-    import torch
-
-    if on_cuda:
-        def read(layer, block_ids, num_tokens):  # FLASH_ATTN's (B, H, N, 2D), per token
-            kv = layer.kv_cache.transpose(1, 2)[block_ids.to(layer.kv_cache.device)]
-            return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
-        return read
-
-    from vllm_nwor.patches.cpu_attn import CpuAttnBackend
-
-    backend = CpuAttnBackend()
-
-    def read_cpu(layer, block_ids, num_tokens):
-        key, value = backend.layer_state(layer).gather(layer.kv_cache, block_ids, num_tokens)
-        return torch.cat([key, value], dim=-1).flatten(1)
-    return read_cpu
-
-
 def _generate(llm, requests) -> list[dict]:
     from vllm import SamplingParams
 
@@ -303,7 +284,12 @@ def run_engine(spec: dict) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import gc
 
-    from cache_audit import CacheAudit, runner_of
+    from cache_audit import (
+        CacheAudit,
+        read_cpu_attn_tokens,
+        read_flash_attn_tokens,
+        runner_of,
+    )
     from vllm import LLM
 
     import vllm_nwor
@@ -320,8 +306,8 @@ def run_engine(spec: dict) -> dict:
     block_size = llm.llm_engine.vllm_config.cache_config.block_size
     audit = None
     if case.audit and nwor:
-        audit = CacheAudit(llm, attention_layers(runner.get_model()), read_tokens_fn(on_cuda),
-                           block_size)
+        read = read_flash_attn_tokens if on_cuda else read_cpu_attn_tokens
+        audit = CacheAudit(llm, attention_layers(runner.get_model()), read, block_size)
     steps = StepRecorder(runner)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     has_tokenizer = not kwargs["skip_tokenizer_init"]

@@ -156,7 +156,7 @@ def combine_rank_counters(per_rank: Sequence[Mapping[str, Any] | None]) -> dict[
     if all(c is None for c in per_rank):
         return None
     ranks = [dict(c) if c is not None else None for c in per_rank]
-    keys = [k for k in (ranks[0] or next(c for c in ranks if c)) if k != "kv_bytes_not_written"]
+    keys = [k for k in next(c for c in ranks if c is not None) if k != "kv_bytes_not_written"]
     for key in keys:
         values = [None if c is None else c.get(key) for c in ranks]
         if any(v != values[0] for v in values):

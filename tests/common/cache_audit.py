@@ -23,6 +23,20 @@ ReadTokens = Callable[[object, torch.Tensor, int], torch.Tensor]
 """``(layer, block_ids, num_tokens) -> [num_tokens, ...]`` K and V of each token, flattened."""
 
 
+def read_flash_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """FLASH_ATTN's cache (B, H, N, 2D) read per token: [tokens, H * 2D]."""
+    kv = layer.kv_cache.transpose(1, 2)[block_ids.to(layer.kv_cache.device)]  # (b, N, H, 2D)
+    return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
+
+
+def read_cpu_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """CPU_ATTN's cache read per token through the layout NWOR learned from vLLM's write op."""
+    from vllm_nwor.patches.cpu_attn import BACKEND
+
+    key, value = BACKEND.layer_state(layer).gather(layer.kv_cache, block_ids, num_tokens)
+    return torch.cat([key, value], dim=-1).flatten(1)
+
+
 def runner_of(llm):
     """The in-process model runner (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner

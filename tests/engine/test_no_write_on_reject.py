@@ -9,16 +9,8 @@ the cache.
 from __future__ import annotations
 
 import pytest
-import torch
-from cache_audit import CacheAudit
+from cache_audit import CacheAudit, read_cpu_attn_tokens
 from engine_utils import engine, generate, spec_config, spec_decode_stats, target_layers
-
-
-def _read_cpu_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    from vllm_nwor.patches.cpu_attn import BACKEND
-
-    key, value = BACKEND.layer_state(layer).gather(layer.kv_cache, block_ids, num_tokens)
-    return torch.cat([key, value], dim=-1).flatten(1)
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
@@ -27,7 +19,7 @@ def test_no_rejected_draft_reaches_the_cache(tiny_models, method, nwor):
     target, draft = tiny_models
     speculative = spec_config(method, draft, nwor=True) if nwor else spec_config(method, draft)
     with engine(target, speculative) as llm:
-        audit = CacheAudit(llm, target_layers(llm), _read_cpu_tokens, block_size=16)
+        audit = CacheAudit(llm, target_layers(llm), read_cpu_attn_tokens, block_size=16)
         generate(llm)
         drafted, accepted = spec_decode_stats(llm)
     assert audit.rejected_drafts == drafted - accepted > 0, "the run must reject drafts"

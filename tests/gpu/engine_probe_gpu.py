@@ -20,8 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import torch  # noqa: E402
-from cache_audit import CacheAudit, runner_of  # noqa: E402
+from cache_audit import CacheAudit, read_flash_attn_tokens, runner_of  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
@@ -33,12 +32,6 @@ PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
     for i, length in enumerate([5, 14, 23, 90, 40, 7, 61, 33])
 ]
-
-
-def read_fa_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """FLASH_ATTN's cache (B, H, N, 2D) read per token: [tokens, H * 2D]."""
-    kv = layer.kv_cache.transpose(1, 2)[block_ids.to(layer.kv_cache.device)]  # (b, N, H, 2D)
-    return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
 
 
 def _limited_copy(draft: str, max_positions: int) -> str:
@@ -95,7 +88,7 @@ def main(spec: dict, out_path: str) -> None:
     if spec.get("draft_pass_every_step"):
         setattr(runner, draft_sync.STATE_ATTR, False)
     layers = attention_layers(runner.get_model())
-    cache_audit = CacheAudit(llm, layers, read_fa_tokens, 16) if audit else None
+    cache_audit = CacheAudit(llm, layers, read_flash_attn_tokens, 16) if audit else None
     interceptor = getattr(runner, "_nwor_interceptor", None)
     if inject_every and interceptor is not None:
         commit_fn, calls = interceptor.commit_fn, [0]
