@@ -307,7 +307,7 @@ def run_engine(spec: dict) -> dict:
     audit = None
     if case.audit and nwor:
         read = read_flash_attn_tokens if on_cuda else read_cpu_attn_tokens
-        audit = CacheAudit(llm, attention_layers(runner.get_model()), read, block_size)
+        audit = CacheAudit(runner, attention_layers(runner.get_model()), read, block_size)
     steps = StepRecorder(runner)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     has_tokenizer = not kwargs["skip_tokenizer_init"]

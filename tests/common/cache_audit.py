@@ -20,13 +20,14 @@ import torch
 SENTINEL = -32768.0  # exact in fp32, fp16 and bf16, and far from any K/V value
 
 ReadTokens = Callable[[object, torch.Tensor, int], torch.Tensor]
-"""``(layer, block_ids, num_tokens) -> [num_tokens, ...]`` K and V of each token, flattened."""
+"""``(layer, block_ids, num_tokens) -> [num_tokens, ...]`` K and V of each token, flattened,
+on the cache's device."""
 
 
 def read_flash_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """FLASH_ATTN's cache (B, H, N, 2D) read per token: [tokens, H * 2D]."""
     kv = layer.kv_cache.transpose(1, 2)[block_ids.to(layer.kv_cache.device)]  # (b, N, H, 2D)
-    return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens].float().cpu()
+    return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens]
 
 
 def read_cpu_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -43,14 +44,16 @@ def runner_of(llm):
 
 
 class CacheAudit:
-    def __init__(self, llm, layers: list, read_tokens: ReadTokens, block_size: int) -> None:
-        self.runner = runner_of(llm)
+    """Audits ``runner`` (a V1 model runner) from now on; ``layers`` are its target layers."""
+
+    def __init__(self, runner, layers: list, read_tokens: ReadTokens, block_size: int) -> None:
+        self.runner = runner
         self.layers = layers
         self.read_tokens = read_tokens
         self.block_size = block_size
         for layer in layers:
             layer.kv_cache.fill_(SENTINEL)
-        self.rejected_drafts = 0
+        self.drafted = self.accepted = self.rejected_drafts = 0
         self.checked_tokens = 0
         self.violations: list[str] = []
         execute_model = self.runner.execute_model
@@ -85,28 +88,40 @@ class CacheAudit:
         output = sample_tokens(*args, **kwargs)
         if hasattr(output, "get_output"):  # async scheduling
             output = output.get_output()
+        kv_lens = {}
         for index, rid in enumerate(output.req_ids):
             drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
             sampled = output.sampled_token_ids[index]
             rejected = drafts - (len(sampled) - 1) if drafts and sampled else 0
+            self.drafted += drafts
+            self.accepted += drafts - rejected if sampled else 0
             self.rejected_drafts += rejected
-            kv_len = before[rid] + scheduler_output.num_scheduled_tokens[rid] - rejected
-            self._check(rid, kv_len)
+            kv_lens[rid] = before[rid] + scheduler_output.num_scheduled_tokens[rid] - rejected
+        self._check(kv_lens)
         return output
 
-    def _check(self, rid: str, kv_len: int) -> None:
-        block_ids = torch.tensor(self.runner.requests[rid].block_ids[0])
+    def _check(self, kv_lens: dict[str, int]) -> None:
+        """One read per layer over every request's blocks; compared on the cache's device."""
+        if not kv_lens:
+            return
+        blocks = [self.runner.requests[rid].block_ids[0] for rid in kv_lens]
+        block_ids = torch.tensor([b for ids in blocks for b in ids], dtype=torch.long)
         capacity = len(block_ids) * self.block_size
         for layer in self.layers:
             kv = self.read_tokens(layer, block_ids, capacity)
-            written = (kv != SENTINEL).all(dim=1)
-            untouched = (kv == SENTINEL).all(dim=1)
-            if not bool(written[:kv_len].all()):
-                self.violations.append(f"{rid} {layer.layer_name}: committed token missing")
-            if not bool(untouched[kv_len:].all()):
-                bad = (torch.nonzero(~untouched[kv_len:]).flatten() + kv_len).tolist()
-                self.violations.append(
-                    f"{rid} {layer.layer_name}: positions {bad} written beyond "
-                    f"the committed length {kv_len}"
-                )
-        self.checked_tokens += kv_len
+            written = (kv != SENTINEL).all(dim=1).cpu()
+            untouched = (kv == SENTINEL).all(dim=1).cpu()
+            start = 0
+            for (rid, kv_len), ids in zip(kv_lens.items(), blocks, strict=True):
+                end = start + len(ids) * self.block_size
+                if not bool(written[start:start + kv_len].all()):
+                    self.violations.append(f"{rid} {layer.layer_name}: committed token missing")
+                if not bool(untouched[start + kv_len:end].all()):
+                    bad = (torch.nonzero(~untouched[start + kv_len:end]).flatten()
+                           + kv_len).tolist()
+                    self.violations.append(
+                        f"{rid} {layer.layer_name}: positions {bad} written beyond "
+                        f"the committed length {kv_len}"
+                    )
+                start = end
+        self.checked_tokens += sum(kv_lens.values())

@@ -9,7 +9,7 @@ the cache.
 from __future__ import annotations
 
 import pytest
-from cache_audit import CacheAudit, read_cpu_attn_tokens
+from cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
 from engine_utils import engine, generate, spec_config, spec_decode_stats, target_layers
 
 
@@ -19,7 +19,8 @@ def test_no_rejected_draft_reaches_the_cache(tiny_models, method, nwor):
     target, draft = tiny_models
     speculative = spec_config(method, draft, nwor=True) if nwor else spec_config(method, draft)
     with engine(target, speculative) as llm:
-        audit = CacheAudit(llm, target_layers(llm), read_cpu_attn_tokens, block_size=16)
+        block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        audit = CacheAudit(runner_of(llm), target_layers(llm), read_cpu_attn_tokens, block_size)
         generate(llm)
         drafted, accepted = spec_decode_stats(llm)
     assert audit.rejected_drafts == drafted - accepted > 0, "the run must reject drafts"

@@ -88,7 +88,7 @@ def main(spec: dict, out_path: str) -> None:
     if spec.get("draft_pass_every_step"):
         setattr(runner, draft_sync.STATE_ATTR, False)
     layers = attention_layers(runner.get_model())
-    cache_audit = CacheAudit(llm, layers, read_flash_attn_tokens, 16) if audit else None
+    cache_audit = CacheAudit(runner, layers, read_flash_attn_tokens, 16) if audit else None
     interceptor = getattr(runner, "_nwor_interceptor", None)
     if inject_every and interceptor is not None:
         commit_fn, calls = interceptor.commit_fn, [0]

@@ -24,7 +24,7 @@ def served_model(tmp_path_factory) -> str:
     return write_served_model(tmp_path_factory.mktemp("served-model"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def servers(served_model, tmp_path_factory) -> dict:
     """Every server the tests use, started at once so that their start-ups overlap.
 

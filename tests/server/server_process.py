@@ -34,24 +34,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+TEST_ARGS = (
+    "--dtype", "float32", "--max-model-len", "512", "--block-size", "16",
+    "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--enforce-eager", "--seed", "0",
+)
+"""The telemetry tests' small engine: four requests, 64-token steps (chunked prefill on short
+prompts), blocks of 16, fp32 for exact comparisons; eager because the CPU has no graphs."""
+
+
 class VllmServer:
+    """``args`` are vLLM's options besides the model, address and speculative config; ``env``
+    is added to this process's environment (``CPU_ENV`` off CUDA)."""
+
     def __init__(self, model: str, speculative_config: dict, log_path: Path,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), args: tuple[str, ...] = TEST_ARGS,
+                 env: dict[str, str] | None = None) -> None:
         self.model = model
         self.port = free_port()
         self.log_path = log_path
-        args = [
+        command = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--max-model-len", "512", "--block-size", "16",
-            "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--enforce-eager",
-            "--seed", "0",
+            "--model", model, "--host", "127.0.0.1", "--port", str(self.port), *args,
             "--speculative-config", json.dumps(speculative_config), *extra_args,
         ]
         self._log = open(log_path, "w")  # closed in stop()
         self.process = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **CPU_ENV},
-            start_new_session=True,
+            command, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(CPU_ENV if env is None else env)}, start_new_session=True,
         )
 
     @property
@@ -75,6 +84,19 @@ class VllmServer:
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
             return response.read().decode()
+
+    def group_rss(self) -> int:
+        """Resident bytes of every process in the server's group (API server, engine core,
+        workers)."""
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == self.process.pid:  # the process group id
+                    total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, IndexError, ValueError):
+                continue
+        return total
 
     def tail(self, chars: int = 4000) -> str:
         self._log.flush()

@@ -1,0 +1,518 @@
+"""A soak through a real ``vllm serve``: mixed traffic, client aborts, every step audited.
+
+One server per configuration (NWOR, then NWOR + adaptive SCV), on loopback, with vLLM's
+defaults except where a line below says why. Client threads send requests back to back until
+the request count or the time runs out, each one drawn at random:
+
+- completions or chat, streamed or not; prompts of random length, half of them starting with
+  one of a few shared prefixes (prefix-cache hits beside verify steps);
+- greedy or sampled (temperature, top-p, top-k; ``n=2``; a seed where vLLM supports it),
+  logprobs sometimes; ``max_tokens`` at random; EOS live or ignored;
+- stop strings and stop token ids;
+- aborts: a streamed request is dropped after a few chunks, or a request given a client
+  timeout shorter than its generation.
+
+Inside the engine, ``tests/common/soak_audit.py`` checks every step (the cache audit, NWOR's
+counters against the sampler's verdict, memory). Outside, ``/metrics`` is scraped every second
+(every counter monotone) and the server's resident memory recorded. At the end, once the engine
+is idle: NWOR's counters equal vLLM's spec-decode stats, and memory did not grow.
+
+    python benchmarks/soak.py [--seconds 300] [--requests N] [--clients C] [--out JSON]
+
+The result has ``requests``, ``aborted``, ``violations`` (failed invariant checks, all kinds)
+and ``errors`` (requests that failed other than by the client's own abort), per run and summed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "tests" / "common"))
+sys.path.insert(0, str(HERE.parent / "tests" / "server"))
+
+CORPUS_MODULES = ("textwrap", "random", "json.decoder", "string", "fractions", "calendar")
+"""Prompts are slices of Python's own standard library: code like the shipped pair's training
+text, so its drafts are often right (on the GPU's random weights it is just text)."""
+
+
+def corpus() -> str:
+    import importlib
+    import inspect
+
+    return "\n".join(inspect.getsource(importlib.import_module(m)) for m in CORPUS_MODULES)
+
+
+MEMORY_GROWTH_ALLOWED = (0.05, 256 << 20)  # the larger of 5% and 256 MiB, resident memory
+CUDA_GROWTH_ALLOWED = 64 << 20  # bytes the CUDA allocator may hold more at the end
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    completed: int = 0
+    aborted: int = 0
+    errors: int = 0
+    error_samples: list = field(default_factory=list)
+    finish_reasons: dict = field(default_factory=dict)
+    kinds: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, kind: str, outcome: str, detail: str = "") -> None:
+        with self.lock:
+            self.requests += 1
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
+            if outcome == "aborted":
+                self.aborted += 1
+            elif outcome == "error":
+                self.errors += 1
+                if len(self.error_samples) < 10:
+                    self.error_samples.append(f"{kind}: {detail[:300]}")
+            else:
+                self.completed += 1
+                self.finish_reasons[outcome] = self.finish_reasons.get(outcome, 0) + 1
+
+
+class Traffic:
+    """Draws requests. ``cuda`` False leaves out what vLLM 0.26's CPU build cannot do with
+    speculative decoding, plugin or not: seeds ("CPU Generator does not use offset") and top-k
+    (its rejection sampler indexes with garbage: "index -1273609552 is out of bounds")."""
+
+    def __init__(self, rng: random.Random, max_model_len: int, cuda: bool,
+                 synthetic: bool, text: str) -> None:
+        self.rng, self.max_model_len, self.cuda, self.synthetic = rng, max_model_len, cuda, \
+            synthetic
+        self.corpus = text
+        shared = random.Random(0)  # every client shares the same prefixes
+        self.prefixes = [self.text(int(max_model_len * 0.55), shared) for _ in range(4)]
+
+    def text(self, length: int, rng: random.Random | None = None) -> str:
+        start = (rng or self.rng).randrange(len(self.corpus) - length)
+        return self.corpus[start:start + length]
+
+    def draw(self) -> dict:
+        rng = self.rng
+        length = rng.randint(1, int(self.max_model_len * 0.75))
+        prompt = self.text(length)
+        if rng.random() < 0.5:  # a shared prefix, then the request's own text
+            prompt = (rng.choice(self.prefixes) + prompt)[:max(length, int(self.max_model_len
+                                                                           * 0.6))]
+        chat = rng.random() < 0.3
+        # Byte tokenizer: a character is a token; the chat template adds about 20.
+        room = self.max_model_len - len(prompt) - (32 if chat else 8)
+        body: dict = {"max_tokens": rng.randint(1, max(1, min(96, room)))}
+        if rng.random() < 0.5:
+            body["temperature"] = 0.0
+        else:
+            body["temperature"] = round(rng.uniform(0.3, 1.0), 2)
+            body["top_p"] = rng.choice([1.0, 0.9])
+            if self.cuda:
+                body.setdefault("extra_body", {})["top_k"] = rng.choice([-1, 50])
+            if rng.random() < 0.3:
+                body["n"] = 2
+            if self.cuda and rng.random() < 0.3:
+                body["seed"] = rng.randrange(1 << 30)
+        extra = body.setdefault("extra_body", {})
+        extra["ignore_eos"] = rng.random() < 0.5
+        if rng.random() < 0.2:
+            body["stop"] = [self.text(rng.randint(1, 2))]
+        if rng.random() < 0.2:
+            extra["stop_token_ids"] = [rng.randrange(0, 256) for _ in range(4)]  # bytes
+        if self.synthetic and rng.random() < 0.7:
+            extra["vllm_xargs"] = {"synthetic_acceptance_rate": round(rng.random(), 2)}
+        stream = rng.random() < 0.5
+        abort = None
+        if stream and rng.random() < 0.3:
+            abort = ("stream", rng.randint(1, 8))  # drop the stream after this many chunks
+        elif not stream and rng.random() < 0.05:
+            abort = ("timeout", rng.uniform(0.05, 0.5))
+        if body.get("n", 1) > 1 or chat:
+            body.pop("logprobs", None)
+        elif rng.random() < 0.2:
+            body["logprobs"] = 2
+        return {"prompt": prompt, "body": body, "chat": chat, "stream": stream, "abort": abort}
+
+
+def send(client, model: str, request: dict, tally: Tally) -> None:
+    import httpx
+    import openai
+
+    body, abort = dict(request["body"]), request["abort"]
+    kind = ("chat" if request["chat"] else "completion") + ("_stream" if request["stream"]
+                                                            else "")
+    if request["chat"]:
+        create = client.chat.completions.create
+        body["messages"] = [{"role": "user", "content": request["prompt"]}]
+    else:
+        create = client.completions.create
+        body["prompt"] = request["prompt"]
+    timeout = abort[1] if abort and abort[0] == "timeout" else 300
+    try:
+        if request["stream"]:
+            stream = create(model=model, stream=True, timeout=timeout, **body)
+            finish = None
+            for number, chunk in enumerate(stream, 1):
+                if abort and number >= abort[1]:
+                    stream.close()
+                    tally.add(kind, "aborted")
+                    return
+                for choice in chunk.choices:
+                    finish = choice.finish_reason or finish
+            tally.add(kind, finish or "none")
+        else:
+            response = create(model=model, timeout=timeout, **body)
+            tally.add(kind, response.choices[0].finish_reason or "none")
+    except (openai.APITimeoutError, httpx.TimeoutException) as error:
+        tally.add(kind, "aborted" if abort else "error", repr(error))
+    except Exception as error:  # every other failure is counted and kept
+        tally.add(kind, "error", repr(error))
+
+
+def scrape(server) -> dict[tuple, tuple[str, float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(server.metrics_text()):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            values[(sample.name, labels)] = (family.type, sample.value)
+    return values
+
+
+def total(values: dict, name: str) -> float:
+    return sum(v for (n, _), (_, v) in values.items() if n == name)
+
+
+class Monitor(threading.Thread):
+    """Scrapes /metrics and the server's memory every second; counters must never go down."""
+
+    def __init__(self, server) -> None:
+        super().__init__(daemon=True)
+        self.server = server
+        self.stop = threading.Event()
+        self.last: dict = {}
+        self.violations: list[str] = []
+        self.num_violations = self.scrapes = 0
+        self.memory: list[dict] = []
+        self.errors = 0
+
+    def check(self) -> dict:
+        now = scrape(self.server)
+        for key, (kind, value) in now.items():
+            before = self.last.get(key)
+            monotone = kind in ("counter", "histogram", "summary") and not key[0].endswith(
+                "_created")
+            if monotone and before is not None and value < before[1]:
+                self.num_violations += 1
+                if len(self.violations) < 10:
+                    self.violations.append(f"{key}: {before[1]} -> {value}")
+        self.last = now
+        self.scrapes += 1
+        return now
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.stop.wait(1.0):
+            try:
+                self.check()
+            except OSError:
+                self.errors += 1
+            self.memory.append({"t": round(time.monotonic() - start, 1),
+                                "rss": self.server.group_rss()})
+
+
+def grew(samples: list[dict], key: str, allowed_fraction: float, allowed_bytes: int) -> dict:
+    """Median of the last quarter against the median of the second quarter (the first is
+    warm-up: caches, compiled kernels, allocator pools)."""
+    values = [s[key] for s in samples if key in s]
+    if len(values) < 8:
+        return {"samples": len(values), "grew": False}
+    quarter = len(values) // 4
+    early = statistics.median(values[quarter:2 * quarter])
+    late = statistics.median(values[-quarter:])
+    allowed = max(allowed_fraction * early, allowed_bytes)
+    return {"samples": len(values), "early": early, "late": late, "allowed": allowed,
+            "grew": late - early > allowed}
+
+
+def wait_idle(server, timeout_s: float = 120.0) -> dict:
+    """The final scrape: no request running or waiting, and two scrapes in a row equal."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        now = scrape(server)
+        busy = total(now, "vllm:num_requests_running") + total(now, "vllm:num_requests_waiting")
+        if not busy and now == last:
+            return now
+        last = now
+        time.sleep(0.5)
+    raise TimeoutError("the server did not go idle after the traffic stopped")
+
+
+def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: int,
+         clients: int, max_model_len: int, cuda: bool, synthetic: bool, k: int,
+         seed: int = 0) -> dict:
+    """Runs the traffic against a ready server; returns the run's tally and checks."""
+    import openai
+    from soak_audit import read_status
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    tally = Tally()
+    monitor = Monitor(server)
+    monitor.check()
+    monitor.start()
+    text = corpus()
+    deadline = time.monotonic() + seconds
+    issued = iter(range(max_requests))
+    issue_lock = threading.Lock()
+
+    def worker(index: int) -> None:
+        traffic = Traffic(random.Random(seed * 1000 + index), max_model_len, cuda, synthetic,
+                          text)
+        while time.monotonic() < deadline:
+            with issue_lock:
+                if next(issued, None) is None:
+                    return
+            send(client, model, traffic.draw(), tally)
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    traffic_seconds = time.monotonic() - start
+    final = wait_idle(server)
+    monitor.stop.set()
+    monitor.join()
+    monitor.check()  # the final state against the last periodic scrape
+    statuses = read_status(audit_dir)
+    return judge(tally, monitor, final, statuses, traffic_seconds, k)
+
+
+def judge(tally: Tally, monitor: Monitor, final: dict, statuses: list[dict],
+          traffic_seconds: float, k: int) -> dict:
+    failed: list[str] = []
+    violations = monitor.num_violations
+    if monitor.num_violations:
+        failed.append(f"counters went down: {monitor.violations[:3]}")
+    if len(statuses) != 1:
+        failed.append(f"expected one audited worker, found {len(statuses)}")
+        violations += 1
+    audit = statuses[0] if statuses else {}
+    vllm_stats = {"drafted": total(final, "vllm:spec_decode_num_draft_tokens_total"),
+                  "accepted": total(final, "vllm:spec_decode_num_accepted_tokens_total"),
+                  "prefix_cache_hits": total(final, "vllm:prefix_cache_hits_total"),
+                  "preemptions": total(final, "vllm:num_preemptions_total")}
+    nwor = {name: total(final, f"vllm:nwor_{name}_total")
+            for name in ("tokens_staged", "tokens_committed", "tokens_rejected")}
+    for kind in ("cache", "counter"):
+        if audit.get(f"{kind}_violations"):
+            violations += audit[f"{kind}_violations"]
+            failed.append(f"{kind} audit: {audit[f'{kind}_violation_samples'][:3]}")
+    # The worker's counters equal what its sampler decided, over the whole run.
+    exact = {}
+    if audit.get("counters") is not None:
+        exact = {"NWOR staged (worker) vs the audit's drafted":
+                 (audit["counters"]["tokens_staged"], audit["drafted"]),
+                 "NWOR committed (worker) vs the audit's accepted":
+                 (audit["counters"]["tokens_committed"], audit["accepted"]),
+                 "NWOR committed (/metrics) vs the worker's":
+                 (nwor["tokens_committed"], audit["counters"]["tokens_committed"])}
+    for what, (ours, theirs) in exact.items():
+        if ours != theirs:
+            violations += 1
+            failed.append(f"{what}: {ours} != {theirs}")
+    # vLLM's stats leave out the drafts of a request that ended while its step ran (a client
+    # abort, or a stop string found by the front end): at most k drafts per sequence so ended.
+    ended = (tally.aborted + tally.finish_reasons.get("stop", 0)) * 2 * k
+    for what, ours, theirs in (("drafted", audit.get("drafted", 0), vllm_stats["drafted"]),
+                               ("accepted", audit.get("accepted", 0), vllm_stats["accepted"])):
+        if not 0 <= ours - theirs <= ended:
+            violations += 1
+            failed.append(f"{what}: the worker's {ours} vs vLLM's {theirs}, beyond the {ended} "
+                          f"that requests ending mid-step explain")
+    memory = {"resident": grew(monitor.memory, "rss", *MEMORY_GROWTH_ALLOWED),
+              "cuda_allocated": grew(audit.get("memory", []), "cuda_allocated", 0.0,
+                                     CUDA_GROWTH_ALLOWED)}
+    for what, growth in memory.items():
+        if growth["grew"]:
+            violations += 1
+            failed.append(f"{what} memory grew: {growth}")
+    return {
+        "requests": tally.requests, "completed": tally.completed, "aborted": tally.aborted,
+        "errors": tally.errors + monitor.errors, "violations": violations,
+        "checks_failed": failed, "error_samples": tally.error_samples,
+        "traffic_seconds": round(traffic_seconds, 1), "kinds": tally.kinds,
+        "finish_reasons": tally.finish_reasons, "vllm_stats": vllm_stats,
+        "nwor_metrics": nwor, "fallbacks": audit.get("fallbacks"),
+        "steps": audit.get("steps"), "verify_steps": audit.get("verify_steps"),
+        "rejected": audit.get("rejected"), "checked_tokens": audit.get("checked_tokens"),
+        "scrapes": monitor.scrapes, "memory": memory,
+    }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where the soak runs: the served model and vLLM's options."""
+
+    model: str
+    draft: str
+    args: tuple[str, ...]
+    env: dict
+    max_model_len: int
+    cuda: bool
+    synthetic: bool
+    scv: dict
+    k: int = 3
+
+
+def cpu_setup(root: Path) -> Setup:
+    """The shipped byte-level pair: its draft agrees with its target often on repetitive code
+    and rarely elsewhere, so verify steps accept and reject (docs/model_pair.md)."""
+    from served_model import CHAT_TEMPLATE
+
+    from vllm_nwor.testing import shipped_pair
+
+    target, draft = shipped_pair()
+    # The pair's 256 positions; 8 sequences fit this 2-core machine; steps of 64 tokens so that
+    # long prompts are prefilled in chunks beside verify steps. The pair ships no chat template.
+    args = ("--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
+            "--seed", "0", "--chat-template", CHAT_TEMPLATE)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # torch.compile stays on: vLLM's default
+    # SCV's online cost fit finds on this CPU that drafting never pays and holds every request
+    # at chunk 0 (no verify step for NWOR); a pinned model that prices drafts cheap, as a GPU's
+    # memory-bound step does, gives requests chunks from 0 to k.
+    scv = {"scv_cost_model": [0.01, 5e-4, 5e-5]}
+    return Setup(target, draft, args, env, 256, cuda=False, synthetic=False, scv=scv)
+
+
+def gpu_setup(root: Path) -> Setup:
+    from served_model import CHAT_TEMPLATE, write_byte_tokenizer
+
+    from gpu_engines import LLAMA3_8B
+
+    paths = []
+    for name, layers in (("llama3-8b-shape", 32), ("draft-2layer", 2)):
+        path = root / name
+        path.mkdir(parents=True, exist_ok=True)
+        config = {**LLAMA3_8B, "num_hidden_layers": layers, "bos_token_id": 0,
+                  "eos_token_id": 1}
+        (path / "config.json").write_text(json.dumps(config))
+        write_byte_tokenizer(path, vocab_size=LLAMA3_8B["vocab_size"])
+        paths.append(str(path))
+    # Random weights: drafts are accepted unless a request's synthetic rate rejects them. A
+    # context of 2048 keeps prompts of up to 1.5k tokens; the byte tokenizer has no template.
+    args = ("--load-format", "dummy", "--max-model-len", "2048", "--seed", "0",
+            "--chat-template", CHAT_TEMPLATE)
+    return Setup(*paths, args, {}, 2048, cuda=True, synthetic=True, scv={}, k=4)
+
+
+def plugin_config(setup: Setup, name: str) -> dict:
+    """The plugin's keys for a run: ``nwor``, ``nwor+scv``, or ``nwor_off`` (the negative
+    control: telemetry only, so vLLM's plain write path runs under the same audit)."""
+    return {"nwor": {"nwor": True}, "nwor+scv": {"nwor": True, "scv": "adaptive", **setup.scv},
+            "nwor_off": {"nwor_telemetry": True}}[name]
+
+
+def start(setup: Setup, name: str, logs: Path):
+    """A server for run ``name`` with the audit plugin loaded: (server, audit directory)."""
+    import os
+
+    from server_process import VllmServer
+    from soak_audit import ENV_DIR, install
+
+    plugin = plugin_config(setup, name)
+    audit_dir = Path(tempfile.mkdtemp(prefix=f"soak-{name}-", dir=logs))
+    pythonpath = install(audit_dir / "site")
+    env = {**setup.env, ENV_DIR: str(audit_dir),
+           "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath,
+                                                       os.environ.get("PYTHONPATH")]))}
+    if setup.synthetic:
+        plugin = {**plugin, "synthetic_acceptance_per_request": True}
+    config = {"method": "draft_model", "model": setup.draft,
+              "num_speculative_tokens": setup.k, **plugin}
+    server = VllmServer(setup.model, config, logs / f"{name}.log", args=setup.args, env=env)
+    server.config = config
+    return server, audit_dir
+
+
+def traffic_on(setup: Setup, name: str, server, audit_dir: Path, started: float,
+               **traffic) -> dict:
+    """Waits for the server, runs the soak, checks the server survived; the run's row."""
+    try:
+        server.wait_ready(started + 600)
+        startup = time.monotonic() - started
+        result = soak(server, setup.model, audit_dir, max_model_len=setup.max_model_len,
+                      cuda=setup.cuda, k=setup.k, synthetic=setup.synthetic, **traffic)
+        if server.process.poll() is not None:
+            result["errors"] += 1
+            result["checks_failed"].append(f"server exited: {server.tail()}")
+    except Exception:
+        print(server.tail(), file=sys.stderr)
+        raise
+    return {"name": name, "speculative_config": server.config, "args": list(setup.args),
+            "startup_seconds": round(startup, 1), **result}
+
+
+def run(setup: Setup, name: str, logs: Path, **traffic) -> dict:
+    """One server, its soak, then stopped."""
+    started = time.monotonic()
+    server, audit_dir = start(setup, name, logs)
+    try:
+        return traffic_on(setup, name, server, audit_dir, started, **traffic)
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=300.0, help="traffic per server")
+    parser.add_argument("--requests", type=int, default=1_000_000, help="at most, per server")
+    parser.add_argument("--clients", type=int, help="concurrent clients (CPU 6, GPU 48)")
+    parser.add_argument("--configs", default="nwor,nwor+scv")
+    parser.add_argument("--negative-control", action="store_true",
+                        help="also one server with the plugin's NWOR off: the audit must fail")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    import torch
+
+    from common import environment, write_json
+
+    on_cuda = torch.cuda.is_available()
+    root = Path(tempfile.mkdtemp(prefix="nwor-soak-"))
+    setup = gpu_setup(root) if on_cuda else cpu_setup(root)
+    clients = args.clients or (48 if on_cuda else 6)
+    env = environment()
+    where = "gpu" if on_cuda else "cpu"
+    out = args.out or HERE / "results" / f"soak_{env['date']}_{where}.json"
+    payload = {**env, "seconds_per_server": args.seconds, "clients": clients, "runs": []}
+    names = args.configs.split(",")
+    for name in names:
+        row = run(setup, name, root, seconds=args.seconds,
+                  max_requests=args.requests, clients=clients)
+        payload["runs"].append(row)
+        for key in ("requests", "aborted", "violations", "errors"):
+            payload[key] = sum(r[key] for r in payload["runs"])
+        print(json.dumps({k: row[k] for k in ("name", "requests", "aborted", "violations",
+                                               "errors", "checks_failed")}), flush=True)
+        write_json(out, payload)
+    if args.negative_control:
+        row = run(setup, "nwor_off", root, seconds=min(
+            args.seconds, 60), max_requests=args.requests, clients=clients)
+        payload["negative_control"] = row
+        print(json.dumps({k: row[k] for k in ("name", "violations", "checks_failed")}))
+        write_json(out, payload)
+
+
+if __name__ == "__main__":
+    main()

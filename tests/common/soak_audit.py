@@ -1,0 +1,154 @@
+"""The per-step audit inside a real ``vllm serve``: a test-only vLLM general plugin.
+
+A soak run (``benchmarks/soak.py``) cannot reach into the server's engine, so the audit rides
+in with vLLM's own plugin mechanism: :func:`install` writes the metadata of a distribution
+``nwor-soak-audit`` whose ``vllm.general_plugins`` entry point is :func:`register`, and returns
+the ``PYTHONPATH`` that makes the server's processes find it. In the worker, once the KV cache
+exists, every step of the target model is checked after rejection sampling and the commit:
+
+- the cache audit of :mod:`cache_audit` (committed positions written, nothing beyond them);
+- NWOR's counters moved by exactly what vLLM's sampler decided this step: staged == drafted,
+  committed == accepted, rejected == drafted - accepted (the per-step form of "committed ==
+  vLLM's accepted tokens");
+- the process's resident memory and, on CUDA, the allocator's bytes, sampled once a second.
+
+The state goes to ``$NWOR_SOAK_AUDIT_DIR/audit-<pid>.json`` after every step (written whole,
+then renamed), where the soak driver reads it. Without that variable the plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+ENV_DIR = "NWOR_SOAK_AUDIT_DIR"
+DIST = "nwor_soak_audit-0.dist-info"
+MAX_LISTED = 20  # violations kept verbatim; all are counted
+
+
+def install(site: Path) -> str:
+    """Makes ``site`` hold the plugin's metadata; returns the ``PYTHONPATH`` for the server."""
+    dist = Path(site) / DIST
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nwor-soak-audit\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nnwor_soak_audit = soak_audit:register\n")
+    return os.pathsep.join([str(site), str(Path(__file__).parent)])
+
+
+def register() -> None:
+    if not os.environ.get(ENV_DIR):
+        return
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_soak_audit", False):  # vLLM may register plugins twice
+        return
+    initialize_kv_cache = GPUModelRunner.initialize_kv_cache
+
+    def wrapper(self, kv_cache_config, is_profiling: bool = False):
+        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling)
+        if not is_profiling:
+            StepAudit.attach(self)
+
+    GPUModelRunner.initialize_kv_cache = wrapper
+    GPUModelRunner._soak_audit = True
+
+
+def read_status(directory: Path) -> list[dict]:
+    """Every audited engine's last state (one per worker process)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("audit-*.json"))]
+
+
+class StepAudit:
+    @classmethod
+    def attach(cls, runner) -> None:
+        from cache_audit import CacheAudit, read_cpu_attn_tokens, read_flash_attn_tokens
+
+        import vllm_nwor
+        from vllm_nwor.patches.model_runner import attention_layers
+
+        layers = attention_layers(runner.get_model())
+        read = read_flash_attn_tokens if runner.device.type == "cuda" else read_cpu_attn_tokens
+        audit = CacheAudit(runner, layers, read, runner.cache_config.block_size)
+        cls(runner, audit, lambda: vllm_nwor.runner_counters(runner))
+
+    def __init__(self, runner, audit, counters) -> None:
+        import torch
+
+        self.runner, self.audit, self.counters = runner, audit, counters
+        self.path = Path(os.environ[ENV_DIR]) / f"audit-{os.getpid()}.json"
+        self.on_cuda = runner.device.type == "cuda" and torch.cuda.is_available()
+        self.steps = self.verify_steps = 0
+        self.counter_violations: list[str] = []
+        self.num_counter_violations = 0
+        self.fallbacks: dict[str, int] = {}
+        self.memory: list[dict] = []
+        self.last_sample = 0.0
+        self.last = self._counts()
+        sample_tokens = runner.sample_tokens  # the audit's wrapper
+
+        def step(*args, **kwargs):
+            totals = (audit.drafted, audit.accepted, audit.rejected_drafts)
+            output = sample_tokens(*args, **kwargs)
+            self._after_step(*(now - then for now, then in zip(
+                (audit.drafted, audit.accepted, audit.rejected_drafts), totals, strict=True)))
+            return output
+
+        runner.sample_tokens = step
+        self._write()
+
+    def _counts(self) -> dict | None:
+        counters = self.counters()
+        return None if counters is None else counters.as_dict()
+
+    def _after_step(self, drafted: int, accepted: int, rejected: int) -> None:
+        self.steps += 1
+        self.verify_steps += bool(drafted)
+        now = self._counts()
+        if now is not None:  # NWOR binds its runner after this audit attaches: start from 0
+            before = self.last or {**{k: 0 for k in now}, "fallbacks": {}}
+            moved = {k: now[k] - before[k] for k in
+                     ("tokens_staged", "tokens_committed", "tokens_rejected")}
+            fallback_moved = sum(now["fallbacks"].values()) - sum(before["fallbacks"].values())
+            expected = {"tokens_staged": drafted, "tokens_committed": accepted,
+                        "tokens_rejected": rejected}
+            # A step that fell back wrote its rows the plain way: its drafts are not staged.
+            if moved != expected and not fallback_moved:
+                self.num_counter_violations += 1
+                if len(self.counter_violations) < MAX_LISTED:
+                    self.counter_violations.append(
+                        f"step {self.steps}: counters moved {moved}, the sampler: {expected}")
+            self.fallbacks = dict(now["fallbacks"])
+            self.last = now
+        if time.monotonic() - self.last_sample >= 1.0:
+            self._sample_memory()
+        self._write()
+
+    def _sample_memory(self) -> None:
+        import torch
+
+        self.last_sample = time.monotonic()
+        with open("/proc/self/statm") as statm:
+            rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        sample = {"t": round(self.last_sample, 3), "step": self.steps, "rss": rss}
+        if self.on_cuda:
+            sample["cuda_allocated"] = torch.cuda.memory_allocated()
+        self.memory.append(sample)
+
+    def _write(self) -> None:
+        audit = self.audit
+        state = {
+            "pid": os.getpid(), "steps": self.steps, "verify_steps": self.verify_steps,
+            "drafted": audit.drafted, "accepted": audit.accepted,
+            "rejected": audit.rejected_drafts, "checked_tokens": audit.checked_tokens,
+            "cache_violations": len(audit.violations),
+            "cache_violation_samples": audit.violations[:MAX_LISTED],
+            "counter_violations": self.num_counter_violations,
+            "counter_violation_samples": self.counter_violations,
+            "counters": self.last, "fallbacks": self.fallbacks, "memory": self.memory,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.path)
