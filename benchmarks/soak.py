@@ -85,7 +85,8 @@ class Tally:
 class Traffic:
     """Draws requests. ``cuda`` False leaves out what vLLM 0.26's CPU build cannot do with
     speculative decoding, plugin or not: seeds ("CPU Generator does not use offset") and top-k
-    (its rejection sampler indexes with garbage: "index -1273609552 is out of bounds")."""
+    (its rejection sampler expands per-request top-k with a Triton kernel that does not run on
+    the CPU, then indexes with uninitialised values: "index -1273609552 is out of bounds")."""
 
     def __init__(self, rng: random.Random, max_model_len: int, cuda: bool,
                  synthetic: bool, text: str) -> None:
@@ -476,7 +477,8 @@ def run(setup: Setup, name: str, logs: Path, **traffic) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=300.0, help="traffic per server")
+    parser.add_argument("--seconds", default="300",
+                        help="traffic per server; a comma list gives each config its own")
     parser.add_argument("--requests", type=int, default=1_000_000, help="at most, per server")
     parser.add_argument("--clients", type=int, help="concurrent clients (CPU 6, GPU 48)")
     parser.add_argument("--configs", default="nwor,nwor+scv")
@@ -495,10 +497,12 @@ def main() -> None:
     env = environment()
     where = "gpu" if on_cuda else "cpu"
     out = args.out or HERE / "results" / f"soak_{env['date']}_{where}.json"
-    payload = {**env, "seconds_per_server": args.seconds, "clients": clients, "runs": []}
     names = args.configs.split(",")
-    for name in names:
-        row = run(setup, name, root, seconds=args.seconds,
+    seconds = [float(x) for x in args.seconds.split(",")]
+    seconds += seconds[-1:] * (len(names) - len(seconds))
+    payload = {**env, "clients": clients, "runs": []}
+    for name, duration in zip(names, seconds, strict=False):
+        row = run(setup, name, root, seconds=duration,
                   max_requests=args.requests, clients=clients)
         payload["runs"].append(row)
         for key in ("requests", "aborted", "violations", "errors"):
@@ -507,8 +511,8 @@ def main() -> None:
                                                "errors", "checks_failed")}), flush=True)
         write_json(out, payload)
     if args.negative_control:
-        row = run(setup, "nwor_off", root, seconds=min(
-            args.seconds, 60), max_requests=args.requests, clients=clients)
+        row = run(setup, "nwor_off", root, seconds=min(seconds[0], 60),
+                  max_requests=args.requests, clients=clients)
         payload["negative_control"] = row
         print(json.dumps({k: row[k] for k in ("name", "violations", "checks_failed")}))
         write_json(out, payload)
