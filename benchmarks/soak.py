@@ -143,39 +143,54 @@ class Traffic:
         return {"prompt": prompt, "body": body, "chat": chat, "stream": stream, "abort": abort}
 
 
-def send(client, model: str, request: dict, tally: Tally) -> None:
-    import httpx
-    import openai
+def send(server, model: str, request: dict, tally: Tally) -> None:
+    """One request over plain HTTP (the OpenAI API's JSON and server-sent events), so the soak
+    needs no client library; an abort closes the connection, as a client that goes away."""
+    import http.client
 
     body, abort = dict(request["body"]), request["abort"]
+    body |= body.pop("extra_body", {})
     kind = ("chat" if request["chat"] else "completion") + ("_stream" if request["stream"]
                                                             else "")
     if request["chat"]:
-        create = client.chat.completions.create
-        body["messages"] = [{"role": "user", "content": request["prompt"]}]
+        path, body["messages"] = "/v1/chat/completions", [{"role": "user",
+                                                           "content": request["prompt"]}]
     else:
-        create = client.completions.create
-        body["prompt"] = request["prompt"]
+        path, body["prompt"] = "/v1/completions", request["prompt"]
+    body |= {"model": model, "stream": request["stream"]}
     timeout = abort[1] if abort and abort[0] == "timeout" else 300
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
     try:
-        if request["stream"]:
-            stream = create(model=model, stream=True, timeout=timeout, **body)
-            finish = None
-            for number, chunk in enumerate(stream, 1):
-                if abort and number >= abort[1]:
-                    stream.close()
-                    tally.add(kind, "aborted")
-                    return
-                for choice in chunk.choices:
-                    finish = choice.finish_reason or finish
-            tally.add(kind, finish or "none")
-        else:
-            response = create(model=model, timeout=timeout, **body)
-            tally.add(kind, response.choices[0].finish_reason or "none")
-    except (openai.APITimeoutError, httpx.TimeoutException) as error:
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            tally.add(kind, "error", f"HTTP {response.status}: {response.read()[:300]!r}")
+            return
+        if not request["stream"]:
+            choices = json.loads(response.read())["choices"]
+            tally.add(kind, choices[0]["finish_reason"] or "none")
+            return
+        finish, chunks = None, 0
+        for line in response:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunks += 1
+            if abort and chunks >= abort[1]:
+                tally.add(kind, "aborted")
+                return
+            event = json.loads(line[6:])
+            if "error" in event:
+                tally.add(kind, "error", str(event["error"]))
+                return
+            for choice in event.get("choices", []):
+                finish = choice.get("finish_reason") or finish
+        tally.add(kind, finish or "none")
+    except TimeoutError as error:
         tally.add(kind, "aborted" if abort else "error", repr(error))
     except Exception as error:  # every other failure is counted and kept
         tally.add(kind, "error", repr(error))
+    finally:
+        connection.close()
 
 
 def scrape(server) -> dict[tuple, tuple[str, float]]:
@@ -263,10 +278,8 @@ def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: i
          clients: int, max_model_len: int, cuda: bool, synthetic: bool, k: int,
          seed: int = 0) -> dict:
     """Runs the traffic against a ready server; returns the run's tally and checks."""
-    import openai
     from soak_audit import read_status
 
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
     tally = Tally()
     monitor = Monitor(server)
     monitor.check()
@@ -283,7 +296,7 @@ def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: i
             with issue_lock:
                 if next(issued, None) is None:
                     return
-            send(client, model, traffic.draw(), tally)
+            send(server, model, traffic.draw(), tally)
 
     start = time.monotonic()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
