@@ -60,6 +60,7 @@ class Case:
     nwor_both: bool = False  # an A/A control: NWOR off on both sides
     two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
     preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
+    structured: bool = False  # the structured-output workload instead of rounds 1-4
 
 
 # Shapes for the GPU (FlashAttention 3 needs head dims of 64 or more): head dim, GQA ratio.
@@ -101,6 +102,10 @@ def cases(on_cuda: bool) -> list[Case]:
     ]
     rows += [Case(f"shape_{name}", model={**DRAFT, **shape}) for name, shape in shapes.items()
              if name != first]
+    rows.append(Case("structured_output", model={"shipped": True}, structured=True,
+                     engine=dict(max_model_len=256),
+                     why="the shipped pair: a tokenizer (for grammars and stop strings) and a "
+                     "trained draft; its 256 positions"))
     if on_cuda:
         rows += [
             Case("async_scheduling_on", model=model, engine=dict(async_scheduling=True),
@@ -155,6 +160,33 @@ def round_two(first: list[tuple[list[int], dict]], outputs: list[list[list[int]]
         requests.append((prompt, dict(params, stop_token_ids=[stop])))
         if has_tokenizer:
             requests.append((prompt, dict(params, stop=["\n"])))
+    return requests
+
+
+STRUCTURED_PREFIX = (
+    "class Rectangle:\n    def __init__(self, width, height):\n        self.width = width\n"
+    "        self.height = height\n\n    def area(self):\n        return self.width * self.h"
+)  # 133 bytes: a full CPU block (128) that every structured request shares
+
+
+def round_structured() -> list[tuple[str, dict]]:
+    """Greedy requests under a regex and a JSON schema (xgrammar masks the drafts' logits in
+    the verify step), and stop strings, all after a shared prefix: (text prompt, keywords)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    regex = StructuredOutputsParams(regex=r"(def|class) [a-z_]{2,16}\((self)?(, [a-z]+)*\):")
+    schema = StructuredOutputsParams(json={
+        "type": "object", "required": ["name", "sides"],
+        "properties": {"name": {"type": "string", "maxLength": 16},
+                       "sides": {"type": "integer"}}}, disable_any_whitespace=True)
+    suffixes = ["eight\n\n    ", "eight\n\n    def ", "eight\n\n# ", "eight * 2\n"]
+    requests = []
+    for i, suffix in enumerate(suffixes):
+        prompt = STRUCTURED_PREFIX + suffix
+        requests.append((prompt, dict(max_tokens=40, structured_outputs=regex)))
+        requests.append((prompt, dict(max_tokens=60, structured_outputs=schema)))
+        requests.append((prompt, dict(max_tokens=60, stop=["\n    def", "return"])))
+        requests.append((prompt, dict(max_tokens=30 + 7 * i)))
     return requests
 
 
@@ -241,7 +273,7 @@ def default_block_size(on_cuda: bool) -> int:
 def _generate(llm, requests) -> list[dict]:
     from vllm import SamplingParams
 
-    prompts = [{"prompt_token_ids": p} for p, _ in requests]
+    prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p, _ in requests]
     # Greedy unless a request says otherwise (SamplingParams' own default is temperature 1).
     params = [SamplingParams(logprobs=0, **{"temperature": 0.0, **kw}) for _, kw in requests]
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -311,18 +343,21 @@ def run_engine(spec: dict) -> dict:
     steps = StepRecorder(runner)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     has_tokenizer = not kwargs["skip_tokenizer_init"]
-    first = round_one(vocab)
-    out1 = _generate(llm, first)
-    if other is not None:  # the other engine runs between this one's rounds
-        _generate(other, first[:4])
-    second = round_two(first, [o["tokens"] for o in out1], has_tokenizer)
-    out2 = _generate(llm, second)
-    out3 = _generate(llm, round_sampled(vocab, on_cuda))
-    out4 = same_step_hits(llm, vocab, block_size)
+    if case.structured:
+        outputs = _generate(llm, round_structured())
+    else:
+        first = round_one(vocab)
+        out1 = _generate(llm, first)
+        if other is not None:  # the other engine runs between this one's rounds
+            _generate(other, first[:4])
+        second = round_two(first, [o["tokens"] for o in out1], has_tokenizer)
+        out2 = _generate(llm, second)
+        out3 = _generate(llm, round_sampled(vocab, on_cuda))
+        outputs = out1 + out2 + out3 + same_step_hits(llm, vocab, block_size)
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
     result = {
-        "outputs": out1 + out2 + out3 + out4,
+        "outputs": outputs,
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
         "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
         "preemptions": int(metrics["vllm:num_preemptions"].value),

@@ -22,7 +22,7 @@ import equivalence  # noqa: E402
 
 CPU_CASES = {case.name: case for case in equivalence.cases(on_cuda=False)}
 RUN = ["defaults_draft_model", "defaults_ngram", "preemption", "block_size_32_k5",
-       "two_engines_one_process"]
+       "two_engines_one_process", "structured_output"]
 
 
 @pytest.fixture(scope="module")
