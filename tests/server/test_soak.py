@@ -45,6 +45,10 @@ def test_soak_nwor_then_scv_through_vllm_serve(tmp_path):
 
     threads = [threading.Thread(target=drive, args=(name,)) for name in servers]
     try:
+        # Both up before either's traffic starts: a start-up (torch.compile) beside the other
+        # server's traffic would take most of this 2-core machine.
+        for server, _ in servers.values():
+            server.wait_ready(started + 600)
         for thread in threads:
             thread.start()
         for thread in threads:
