@@ -49,7 +49,8 @@ def corpus() -> str:
     import importlib
     import inspect
 
-    return "\n".join(inspect.getsource(importlib.import_module(m)) for m in CORPUS_MODULES)
+    text = "\n".join(inspect.getsource(importlib.import_module(m)) for m in CORPUS_MODULES)
+    return text.encode("ascii", "ignore").decode()  # a character is a token: lengths hold
 
 
 MEMORY_GROWTH_ALLOWED = (0.05, 256 << 20)  # the larger of 5% and 256 MiB, resident memory

@@ -36,6 +36,16 @@ def serve_command() -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
+IN_PROCESS_SETTINGS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_CI_ENV")
+"""What the in-process engine tests put in this process's environment (engine core in the
+caller's process, vLLM's CI mode); a server started after them must not inherit it: with the
+engine core inside the API server, the soak's servers ran at 2-6 tokens/s."""
+
+
+def inherited_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in IN_PROCESS_SETTINGS}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -67,7 +77,8 @@ class VllmServer:
         self._log = open(log_path, "w")  # closed in stop()
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **(CPU_ENV if env is None else env)}, start_new_session=True,
+            env={**inherited_env(), **(CPU_ENV if env is None else env)},
+            start_new_session=True,
         )
 
     @property

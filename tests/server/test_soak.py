@@ -64,7 +64,7 @@ def test_soak_nwor_then_scv_through_vllm_serve(tmp_path):
                                        "error_samples")}
         print(name, summary, row["vllm_stats"], row["scv"] if "scv" in row else "")
         assert row["violations"] == 0 and row["errors"] == 0, (name, summary)
-        assert row["requests"] >= 30 and row["aborted"] > 0, (name, summary)
+        assert row["requests"] >= 20 and row["aborted"] > 0, (name, summary)
         assert row["rejected"] > 0 and row["vllm_stats"]["accepted"] > 0, (name, row)
         assert row["vllm_stats"]["prefix_cache_hits"] > 0, (name, row)
         assert not row["fallbacks"], (name, row["fallbacks"])
