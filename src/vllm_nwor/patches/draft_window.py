@@ -62,11 +62,11 @@ def lift_draft_limits(vllm_config: Any, window: int) -> None:
 
 
 def _window_draft_layers(model, window: int) -> int:
-    from vllm_nwor.patches.model_runner import _backend_for, attention_layers
+    from vllm_nwor.patches.model_runner import attention_layers, backend_for
 
     layers = attention_layers(model)
     for layer in layers:
-        _backend_for(layer).window_attention(layer.impl, window)
+        backend_for(layer).window_attention(layer.impl, window)
     return len(layers)
 
 

@@ -178,7 +178,7 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
     layers = attention_layers(runner.get_model())
     if not layers:
         raise NworConfigError("'nwor': true found no attention layers in the target model")
-    backend = _backend_for(layers[0])
+    backend = backend_for(layers[0])
     for layer in layers:
         backend.check(layer)
     _check_one_kv_cache_group(runner, layers)
@@ -220,7 +220,8 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
     return interceptor
 
 
-def _backend_for(layer: Attention) -> NworBackend:
+def backend_for(layer: Attention) -> NworBackend:
+    """The NWOR backend that serves this layer's attention implementation; refuses others."""
     backends = _backends()
     for backend in backends:
         if backend.handles(layer.impl):
