@@ -118,28 +118,25 @@ class Traffic:
             body["temperature"] = round(rng.uniform(0.3, 1.0), 2)
             body["top_p"] = rng.choice([1.0, 0.9])
             if self.cuda:
-                body.setdefault("extra_body", {})["top_k"] = rng.choice([-1, 50])
+                body["top_k"] = rng.choice([-1, 50])
             if rng.random() < 0.3:
                 body["n"] = 2
             if self.cuda and rng.random() < 0.3:
                 body["seed"] = rng.randrange(1 << 30)
-        extra = body.setdefault("extra_body", {})
-        extra["ignore_eos"] = rng.random() < 0.5
+        body["ignore_eos"] = rng.random() < 0.5  # vLLM's own fields beside OpenAI's
         if rng.random() < 0.2:
             body["stop"] = [self.text(rng.randint(1, 2))]
         if rng.random() < 0.2:
-            extra["stop_token_ids"] = [rng.randrange(0, 256) for _ in range(4)]  # bytes
+            body["stop_token_ids"] = [rng.randrange(0, 256) for _ in range(4)]  # bytes
         if self.synthetic and rng.random() < 0.7:
-            extra["vllm_xargs"] = {"synthetic_acceptance_rate": round(rng.random(), 2)}
+            body["vllm_xargs"] = {"synthetic_acceptance_rate": round(rng.random(), 2)}
         stream = rng.random() < 0.5
         abort = None
         if stream and rng.random() < 0.3:
             abort = ("stream", rng.randint(1, 8))  # drop the stream after this many chunks
         elif not stream and rng.random() < 0.05:
             abort = ("timeout", rng.uniform(0.05, 0.5))
-        if body.get("n", 1) > 1 or chat:
-            body.pop("logprobs", None)
-        elif rng.random() < 0.2:
+        if body.get("n", 1) == 1 and not chat and rng.random() < 0.2:
             body["logprobs"] = 2
         return {"prompt": prompt, "body": body, "chat": chat, "stream": stream, "abort": abort}
 
@@ -150,7 +147,6 @@ def send(server, model: str, request: dict, tally: Tally) -> None:
     import http.client
 
     body, abort = dict(request["body"]), request["abort"]
-    body |= body.pop("extra_body", {})
     kind = ("chat" if request["chat"] else "completion") + ("_stream" if request["stream"]
                                                             else "")
     if request["chat"]:

@@ -26,6 +26,7 @@ from pathlib import Path
 ENV_DIR = "NWOR_SOAK_AUDIT_DIR"
 DIST = "nwor_soak_audit-0.dist-info"
 MAX_LISTED = 20  # violations kept verbatim; all are counted
+MAX_MEMORY_SAMPLES = 1000  # memory samples kept, thinned to half when there are more
 
 
 def install(site: Path) -> str:
@@ -136,6 +137,8 @@ class StepAudit:
         if self.on_cuda:
             sample["cuda_allocated"] = torch.cuda.memory_allocated()
         self.memory.append(sample)
+        if len(self.memory) > MAX_MEMORY_SAMPLES:  # a long soak: keep every other one
+            self.memory = self.memory[::2]
 
     def _write(self) -> None:
         audit = self.audit
