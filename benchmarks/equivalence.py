@@ -490,8 +490,8 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe) -> di
 def model_paths(model: dict, root: Path) -> tuple[str, str]:
     from vllm_nwor.testing import shipped_pair, write_tiny_llama_pair
 
-    if model.get("shipped"):
-        return shipped_pair()
+    if model.get("shipped"):  # the checkout's models/, also where the package is installed apart
+        return shipped_pair(HERE.parent / "models")
     where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
     if (where / "draft" / "config.json").exists():
         return str(where / "target"), str(where / "draft")
