@@ -258,23 +258,6 @@ def test_overhead_lengths_per_k():
     assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
 
 
-def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
-    """scv_plan_host.py: each step planned, observed and timed; accepting requests drafted,
-    and both ways of the early exit choosing alike."""
-    plan_host = importlib.import_module("scv_plan_host")
-    times, counts = plan_host.drive([0.95], batch=8, steps=200, cost=plan_host.H200_B256_L3)
-    assert len(times) == 150 and min(times) > 0 and sum(counts) == 200
-    assert sum(counts[1:]) > 100
-    bound, floor = plan_host.scv._drafts_can_win, plan_host.scv._below_floor
-    search = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, request_bound=False)
-    assert search[1] == counts  # put back:
-    assert plan_host.scv._drafts_can_win is bound and plan_host.scv._below_floor is floor
-    committed = plan_host.module_at("HEAD")  # --against: the policy as committed, apart
-    assert committed.ChunkPolicy is not plan_host.scv.ChunkPolicy
-    times, counts = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, module=committed)
-    assert len(times) == 150 and sum(counts) == 200
-
-
 def test_overhead_cell_keeps_every_repetition():
     overhead = importlib.import_module("nwor_overhead")
 
