@@ -42,13 +42,12 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import (  # noqa: E402
+from harness.engines import count_engine_steps, prompts, rate_for_length, write_models  # noqa: E402
+from harness.results import (  # noqa: E402
     append_jsonl,
-    count_engine_steps,
     recorded_environment,
     write_json,
 )
-from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
 from scv_bench import engine_kwargs  # noqa: E402
 
 SAMPLE_SECONDS = 0.02

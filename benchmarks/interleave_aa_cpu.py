@@ -4,11 +4,11 @@ On the GPU machine the host's speed moves in spells of seconds (a fixed Python l
 moved 2.5x within a session), and at batch 128 the step loop is bound by the host. Whole runs
 alternated one after the other met different spells: two identical engines differed run by
 run by 0.80-1.30 (docs/scv_results.md, thirty-fifth session), more than any of SCV's targets
-can tolerate. ``gpu_engines.interleave`` runs a group's engines at once, each stepping for a
+can tolerate. ``harness.engines.interleave`` runs a group's engines at once, each stepping for a
 fraction of a second in turn, so that every engine meets the same spells.
 
 This checks that on the real (CPU) engine, through the GPU benchmarks' own engine processes
-(``gpu_engines.Engine``): two identical engines (a tiny random-weight Llama, no speculation)
+(``harness.engines.Engine``): two identical engines (a tiny random-weight Llama, no speculation)
 serve the same requests at steady concurrency while other processes load every core in
 spells (``--spell``: each spell of load, and each without, lasts a random time in that
 range), a stand-in for that host. Each repetition serves the batch both ways, whole runs
@@ -39,8 +39,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import CPU_ENGINE, environment, write_result  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
+    CPU_ENGINE,
     ENV_KEY,
     OUTPUT_LEN_KEY,
     alternate,
@@ -48,6 +48,7 @@ from gpu_engines import (  # noqa: E402
     stop_engines,
     tokens_per_second,
 )
+from harness.results import environment, write_result  # noqa: E402
 
 
 def burn(on) -> None:

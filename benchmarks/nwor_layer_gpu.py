@@ -36,7 +36,7 @@ from vllm.forward_context import override_forward_context
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import (  # noqa: E402
+from harness.results import (  # noqa: E402
     append_jsonl,
     parse_or_merge,
     recorded_environment,

@@ -28,13 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     prompts,
     rate_for_length,
     time_engine_steps,
     write_models,
 )
+from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
 from nwor_overhead import engine_kwargs  # noqa: E402
 
 PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks is skipped
@@ -107,7 +107,7 @@ def main() -> None:
 
 def merge(jsonl: Path, result: Path) -> None:
     """The runs, and each part's median over a label's runs with its after/before ratio."""
-    from common import recorded_environment
+    from harness.results import recorded_environment
 
     runs = [json.loads(line) for line in jsonl.read_text().splitlines()]
     by_label: dict[str, dict[str, list[float]]] = {}

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import git_commit, write_json  # noqa: E402
+from harness.results import git_commit, write_json  # noqa: E402
 from vllm_nwor.scv import StepCostModel, on_full_graph  # noqa: E402
 
 MIN_STEADY_STEPS = 8

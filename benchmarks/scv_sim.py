@@ -11,7 +11,7 @@ graphs; the prompts, the first batch's in the first step and those of the reques
 after a step in the next; with SCV, the lazy draft sync's catch-ups), with multiplicative
 noise. The policy sees only
 its own observations (its cost model is fitted online, as in the engine), after a warm-up that,
-as ``gpu_engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
+as ``harness.engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
 and then starts from fresh acceptance estimates.
 
 It reports each policy's tokens per simulated second, and SCV's over the best other (no

@@ -43,15 +43,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import (  # noqa: E402
-    PINNED_AT_ZERO,
-    append_jsonl,
-    parse_or_merge,
-    recorded_environment,
-    write_json,
-)
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     ABLATE_KEY,
+    PINNED_AT_ZERO,
     agreement,
     alternate,
     prompts,
@@ -59,6 +53,12 @@ from gpu_engines import (  # noqa: E402
     stop_engines,
     tokens_per_second,
     write_models,
+)
+from harness.results import (  # noqa: E402
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+    write_json,
 )
 from scv_bench import METHODS, REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 
@@ -174,7 +174,7 @@ def main() -> None:
                     "step_ms_by_rep": {name: [r.get("step_ms") for r in rs]
                                        for name, rs in runs.items()}}
                 scv = {name: [r["scv"] for r in rs if r.get("scv")] for name, rs in runs.items()}
-                if any(scv.values()):  # what each SCV engine chose, and from what (gpu_engines)
+                if any(scv.values()):  # what each SCV engine chose, and from what (harness.engines)
                     row["scv"] = {name: {
                         "budget_counts_by_rep": [x["counters"]["budget_counts"] for x in xs],
                         "budget_changes_by_rep": [x["budget_changes"] for x in xs],

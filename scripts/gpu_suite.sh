@@ -27,7 +27,7 @@ if [ -z "${NWOR_INSTALLED:-}" ]; then
 fi
 echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
 # What merges on another machine record as the run's environment (commit, versions, GPU).
-python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); from common import environment
+python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); from harness.results import environment
 print(json.dumps(environment()))" > "$out/environment.json.$$" 2>/dev/null \
   && mv "$out/environment.json.$$" "$out/environment.json" \
   || echo "could not record the environment" >&2  # moved whole: a copy mid-step never sees it empty
