@@ -25,6 +25,7 @@ from vllm_nwor.config import PLUGIN_KEYS
 from vllm_nwor.patches.engine_args import take_plugin_keys
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks" / "tools"))  # diagnostics
 VLLM_KEYS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
 
 
@@ -632,7 +633,7 @@ def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
 
 
 def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
-    """host_noise.py: a run's window of samples gives the main thread's CPU, how busy that CPU
+    """tools/host_noise.py: a run's window of samples gives the main thread's CPU, how busy that CPU
     and its siblings were, and the threads and processes over 5% of a CPU."""
     noise = importlib.import_module("host_noise")
     tick = os.sysconf("SC_CLK_TCK")
@@ -651,7 +652,7 @@ def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
 
 
 def test_fit_replay_prices_steady_plans_at_their_own_requests():
-    """scv_fit_replay.py: steps that cost exactly 4 ms plus 1 ms a draft pass plus 0.1 ms a
+    """tools/scv_fit_replay.py: steps that cost exactly 4 ms plus 1 ms a draft pass plus 0.1 ms a
     verified token are priced at what they took, at each plan's own number of requests (a
     batch draining to 3 requests among them), and the steady plans are found."""
     replay = importlib.import_module("scv_fit_replay")

@@ -1,4 +1,6 @@
-"""Does interleaving take the host's speed out of a comparison? An A/A control on the CPU engine.
+"""Does running engines in short interleaved turns take the host's changing speed out?
+
+Does interleaving take the host's speed out of a comparison? An A/A control on the CPU engine.
 
 On the GPU machine the host's speed moves in spells of seconds (a fixed Python loop's time
 moved 2.5x within a session), and at batch 128 the step loop is bound by the host. Whole runs
@@ -21,7 +23,7 @@ unequal engines. ``--b-spec K`` makes engine ``b`` speculate (draft_model, the t
 K tokens a step): steps of another length and shape than ``a``'s, the GPU runs' case of fixed k
 against plain decoding.
 
-    .venv/bin/python benchmarks/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
+    .venv/bin/python benchmarks/tools/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
 from harness.engines import (  # noqa: E402
     CPU_ENGINE,

@@ -1,4 +1,6 @@
-"""SCV's policy in a simulated engine, on the CPU in seconds: a diagnostic, not a measurement.
+"""What are SCV's choices worth where the step costs are known (a simulated engine)?
+
+SCV's policy in a simulated engine, on the CPU in seconds: a diagnostic, not a measurement.
 
 The real :class:`vllm_nwor.scv.ChunkPolicy` plans every step of a simulated steady load
 (``batch`` requests in flight, ``load`` x ``batch`` requests of ``OUTPUT_LEN`` tokens, a new one
@@ -19,7 +21,7 @@ speculation and every fixed k), per workload and batch. Nothing is claimed from 
 GPU: it shows what the policy's choices are worth where the costs are known, and lets a change
 to the policy be compared with the current one in the same simulated traffic.
 
-    python benchmarks/scv_sim.py --batches 1 32 128 --seeds 4
+    python benchmarks/tools/scv_sim.py --batches 1 32 128 --seeds 4
 
 ``--unpriced`` adds, per cell, SCV as it was before it priced the lazy draft sync's catch-ups
 (``scv_unpriced``). ``--by-rate`` adds, per cell, the best policy that knows every request's

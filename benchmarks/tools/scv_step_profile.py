@@ -1,4 +1,6 @@
-"""Where a speculative step's time goes, engine by engine: a diagnostic, one GPU.
+"""Where does a speculative step's time go, engine by engine (chunk 0's floor included)?
+
+Where a speculative step's time goes, engine by engine: a diagnostic, one GPU.
 
 Engines side by side (``--engines``), all with async scheduling, on a uniform workload (L=1.5
 by default, ``--acceptance-length``; per-request synthetic acceptance, as in ``scv_bench.py``):
@@ -27,8 +29,8 @@ and self CUDA time by op) and cProfile's tables of the same run (the engine is i
 scheduler, runner and plugin). Greedy tokens of each engine are compared with no speculation's:
 SCV held at chunk 0 verifies no drafts, so they must match.
 
-    python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
-    python benchmarks/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
+    python benchmarks/tools/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
+    python benchmarks/tools/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
 from harness.engines import (  # noqa: E402
     ABLATE_KEY,

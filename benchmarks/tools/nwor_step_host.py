@@ -1,4 +1,6 @@
-"""NWOR's host work per verify step, by part, in one engine on the GPU (a diagnostic).
+"""What does each part of NWOR's host work per verify step (indices, begin, commit) cost?
+
+NWOR's host work per verify step, by part, in one engine on the GPU (a diagnostic).
 
 NWOR's cost at batch 8-32 with draft_model (about 1% in the pooled matrix) is host time: those
 steps replay FULL CUDA graphs and wait on the host, and NWOR adds its per-step work there, the
@@ -11,8 +13,8 @@ unrecorded passes. Each timed call costs about 0.2 µs more, nested calls counte
 The plugin is whatever ``vllm_nwor`` imports (``PYTHONPATH`` chooses a checkout): two versions
 are compared by running this once per version, alternating, each run with its ``--label``.
 
-    python benchmarks/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
-    python benchmarks/nwor_step_host.py --merge step_host.jsonl --result <json>
+    python benchmarks/tools/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
+    python benchmarks/tools/nwor_step_host.py --merge step_host.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
 from harness.engines import (  # noqa: E402
     prompts,
