@@ -30,8 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     alternate,
     prompts,
     start_engines,
@@ -39,6 +38,7 @@ from gpu_engines import (  # noqa: E402
     tokens_per_second,
     write_models,
 )
+from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
 
 
 def engine_kwargs(target: str, draft: str, window: int | None, k: int, max_batch: int) -> dict:
@@ -101,7 +101,7 @@ def main() -> None:
 
 
 def merge(jsonl: Path, result: Path) -> None:
-    from common import recorded_environment
+    from harness.results import recorded_environment
 
     cells = [json.loads(line) for line in jsonl.read_text().splitlines()]
     payload = {**recorded_environment(jsonl), "benchmark": "draft_window",

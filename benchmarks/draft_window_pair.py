@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args()
-    from common import environment, write_json
+    from harness.results import environment, write_json
 
     prompts = held_out_prompt_ids(args.prompts)
     cases = []

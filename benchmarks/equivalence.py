@@ -502,7 +502,7 @@ def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
     """One result file from runs split over several calls (a device call runs a few cases):
     each case's checks recomputed by this code; runs of another plugin commit (the fix taken
     out: ``--negative-control``) go under ``negative_controls``."""
-    from common import write_json
+    from harness.results import write_json
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
     known = {c.name: c for c in cases(on_cuda)}
@@ -536,7 +536,7 @@ def main() -> None:
         return
     import torch
 
-    from common import environment, write_json
+    from harness.results import environment, write_json
 
     on_cuda = torch.cuda.is_available()
     chosen = [c for c in cases(on_cuda)

@@ -48,8 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     ENV_KEY,
     OUTPUT_LEN,
     PROMPT_LEN,
@@ -63,6 +62,7 @@ from gpu_engines import (  # noqa: E402
     tokens_per_second,
     write_models,
 )
+from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
 
 KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head size x bf16
 
@@ -331,7 +331,7 @@ def pooled(cells: list[dict]) -> dict:
 
 
 def merge(jsonl: Path, result: Path) -> None:
-    from common import recorded_environment
+    from harness.results import recorded_environment
 
     cells, startups, profiles = [], [], []
     for line in jsonl.read_text().splitlines():

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common import RESULTS, environment, write_result  # noqa: E402
+from harness.results import RESULTS, environment, write_result  # noqa: E402
 from train_pair import encode_files, eval_windows, split_files, stdlib_root  # noqa: E402
 from vllm_nwor.testing import shipped_pair  # noqa: E402
 

@@ -8,7 +8,7 @@ Policies, each its own engine process:
 - ``vllm_batch_schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (k by batch size);
 - ``scv``: SCV adaptive, chunks up to 8;
 - ``scv_oracle``: a diagnostic, not a policy: SCV adaptive planning with every request's true
-  acceptance rate in place of its estimate (``gpu_engines.use_oracle``). It is compared with
+  acceptance rate in place of its estimate (``harness.engines.use_oracle``). It is compared with
   the others like ``scv`` (``scv_oracle_over_best_other``) and is never one of them. Where it
   wins and ``scv`` loses, the estimates are at fault; where both lose, the choices are.
 - ``scv_fixed2``: a diagnostic too: SCV's machinery held at chunk 2 (``scv: fixed``) in an
@@ -27,10 +27,10 @@ Policies, each its own engine process:
 One run takes a *group* of policies (``--policies``): their engines live side by side on one GPU
 and every batch goes to each of them in turn, in order and then in reverse (A B C, C B A), or
 with ``--slice-seconds S`` to all of them at once, each engine stepping for S seconds in turn
-until every one is done (``gpu_engines.interleave``; each run's clock counts its own turns). A GPU
-cannot hold all six 8B engines, so the full comparison is several groups, each with ``scv`` in
-it, on one GPU each (``scripts/gpu_session.sh``); ``--merge`` compares SCV only with the
-policies of its own group and reports the smallest ratio.
+until every one is done (``harness.engines.interleave``; each run's clock counts its own
+turns). A GPU cannot hold all six 8B engines, so the full comparison is several groups, each with
+``scv`` in it, on one GPU each (``scripts/gpu_session.sh``); ``--merge`` compares SCV only with
+the policies of its own group and reports the smallest ratio.
 
 Every engine runs with async scheduling: vLLM 0.26 supports it with draft_model but leaves it
 off by default, and without it every speculative policy pays the scheduler's CPU time on top of
@@ -43,7 +43,7 @@ for the last (a request that speculates well finishes early and its slot then id
 
 Throughput is measured in each run's steady window: from the first request's finish to the
 last request's admission, while ``batch`` requests are in flight
-(``gpu_engines.generate_at_concurrency``). The whole run's is reported beside it
+(``harness.engines.generate_at_concurrency``). The whole run's is reported beside it
 (``tok_s_whole_run``): it adds the start, where every request begins together, and the drain,
 where the batch shrinks. With equal lengths plain decoding serves its requests in waves that
 start and finish together and has no drain, while a policy whose requests advance at
@@ -76,13 +76,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import PINNED_AT_ZERO, append_jsonl, parse_or_merge, write_json  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     ABLATE_KEY,
     ENV_KEY,
     ORACLE,
     OUTPUT_LEN,
     OUTPUT_LEN_KEY,
+    PINNED_AT_ZERO,
     agreement,
     alternate,
     prompts,
@@ -94,6 +94,7 @@ from gpu_engines import (  # noqa: E402
     total,
     write_models,
 )
+from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
@@ -173,7 +174,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
     try:
         # Warm-up at every batch size: on 2026-11-22 a warm-up at batch 4 alone left both
         # speculative engines at half speed in the first measured cells (scv_refit_*.json).
-        # SCV's included at every chunk size (gpu_engines.warm_every_chunk); its steps and
+        # SCV's included at every chunk size (harness.engines.warm_every_chunk); its steps and
         # the cost fit it leaves are kept (``warm``), for offline fits.
         for policy, engine in engines.items():
             for batch in batches:
@@ -181,7 +182,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                 if done["coefficients"] is not None:
                     warm.setdefault(policy, {})[str(batch)] = {
                         "steps": done["steps"], "coefficients": done["coefficients"]}
-                if done.get("slow_steps"):  # gpu_engines.sample_slow_steps, where switched on
+                if done.get("slow_steps"):  # harness.engines.sample_slow_steps, where on
                     warm.setdefault(policy, {}).setdefault(str(batch), {})["slow_steps"] = (
                         done["slow_steps"])
         for name, pattern in workloads().items():
@@ -211,7 +212,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                                tokens_per_second(r) for r in runs[policy]), 1),
                            "acceptance": round(accepted / drafted, 4) if drafted else None}
                     steady = [steady_tokens_per_second(r) for r in runs[policy]]
-                    if None not in steady:  # in the steady window (gpu_engines)
+                    if None not in steady:  # in the steady window (harness.engines)
                         row["tok_s_steady"] = round(statistics.median(steady), 1)
                     if "no_spec" in runs and policy != "no_spec":
                         # greedy tokens as no speculation's, over every repetition
@@ -288,7 +289,7 @@ def host_adjusted(runs: dict[str, list[dict]]) -> dict | None:
     group's runs of one cell (``runs_by_rep`` by policy). A diagnostic beside the headline.
 
     At batch 128 the step loop is bound by the host, and the host's speed moves during a run:
-    the fastest of five timings of a fixed Python loop (``gpu_engines.host_probe_ms``, before
+    the fastest of five timings of a fixed Python loop (``harness.engines.host_probe_ms``, before
     and after each run) ranged from 3.3 to 8.3 ms within one session, and a policy's
     throughput moved with it (docs/scv_results.md, forty-second session). A policy whose runs
     met a slow host loses in the headline for that alone. This fits, over the group's runs,
@@ -352,10 +353,10 @@ def merge(jsonl: Path, result: Path) -> None:
     """One cell per (batch, workload). ``tok_s``: each policy's throughput in its group (SCV's
     is the mean over groups); ``scv_over_best_other``: the smallest, over groups, of SCV over
     the best other policy of the same group (same GPU, alternating batches). Both measure the
-    steady window (``gpu_engines.generate_at_concurrency``) where every policy of the group
+    steady window (``harness.engines.generate_at_concurrency``) where every policy of the group
     had one in every repetition, else the whole run; ``tok_s_whole_run`` and
     ``scv_over_best_other_whole_run`` are the whole run's in any case."""
-    from common import recorded_environment
+    from harness.results import recorded_environment
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -482,7 +483,7 @@ def main() -> None:
                         "with speculation or without")
     parser.add_argument("--slice-seconds", type=float,
                         help="run the group's engines at once, taking turns of this many "
-                        "seconds (gpu_engines.interleave), instead of whole runs one after "
+                        "seconds (harness.engines.interleave), instead of whole runs one after "
                         "the other: every engine meets the host's speed of the moment")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="prompt tokens (>= 128); short prompts keep the run decode-bound")

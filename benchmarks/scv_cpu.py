@@ -24,7 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import CPU_ENGINE, environment, write_result  # noqa: E402
+from harness.engines import CPU_ENGINE  # noqa: E402
+from harness.results import environment, write_result  # noqa: E402
 from scv_bench import workloads  # noqa: E402
 
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "scv")

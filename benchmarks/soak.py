@@ -410,7 +410,7 @@ def cpu_setup(root: Path) -> Setup:
 def gpu_setup(root: Path) -> Setup:
     from served_model import CHAT_TEMPLATE, write_byte_tokenizer
 
-    from gpu_engines import LLAMA3_8B
+    from harness.engines import LLAMA3_8B
 
     paths = []
     for name, layers in (("llama3-8b-shape", 32), ("draft-2layer", 2)):
@@ -498,7 +498,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from common import environment, write_json
+    from harness.results import environment, write_json
 
     on_cuda = torch.cuda.is_available()
     root = Path(tempfile.mkdtemp(prefix="nwor-soak-"))

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
-from common import environment, write_result  # noqa: E402
+from harness.results import environment, write_result  # noqa: E402
 from vllm_nwor.testing import write_tiny_llama_pair  # noqa: E402
 
 ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,

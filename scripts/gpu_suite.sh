@@ -5,14 +5,16 @@
 #   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
 #   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
-#   scripts/gpu_suite.sh nwor_layer_host ARGS  benchmarks/nwor_layer_host.py (NWOR_SRC=<dir>: the
-#                                              plugin's code from <dir>/src, another version)
-#   scripts/gpu_suite.sh nwor_layer_gpu ARGS   benchmarks/nwor_layer_gpu.py (NWOR_SRC as above)
+#   scripts/gpu_suite.sh nwor_layer_host ARGS  benchmarks/tools/nwor_layer_host.py (NWOR_SRC=<dir>:
+#                                              the plugin's code from <dir>/src, another version)
+#   scripts/gpu_suite.sh nwor_layer_gpu ARGS   benchmarks/tools/nwor_layer_gpu.py (NWOR_SRC as above)
+#   scripts/gpu_suite.sh scv_step_profile|nwor_step_host|host_noise ARGS   benchmarks/tools/<that>.py
 #   scripts/gpu_suite.sh install               the install alone
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
 # (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
 # a benchmark's into benchmarks/results/ here with
 #   python benchmarks/<name>.py --merge <name>.jsonl --result benchmarks/results/...
+# (benchmarks/tools/<name>.py for a diagnostic)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -27,7 +29,7 @@ if [ -z "${NWOR_INSTALLED:-}" ]; then
 fi
 echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
 # What merges on another machine record as the run's environment (commit, versions, GPU).
-python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); from common import environment
+python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); from harness.results import environment
 print(json.dumps(environment()))" > "$out/environment.json.$$" 2>/dev/null \
   && mv "$out/environment.json.$$" "$out/environment.json" \
   || echo "could not record the environment" >&2  # moved whole: a copy mid-step never sees it empty
@@ -42,7 +44,9 @@ case "$what" in
     python3 -m pytest -q -p no:cacheprovider -rs -s --junitxml="$out/$log.xml" "$@" 2>&1 \
       | tee "$out/$log.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
   nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
-    python3 "benchmarks/$what.py" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
+    script="benchmarks/$what.py"
+    [ -e "$script" ] || script="benchmarks/tools/$what.py"  # the diagnostics
+    python3 "$script" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
     echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;

@@ -25,6 +25,7 @@ from vllm_nwor.config import PLUGIN_KEYS
 from vllm_nwor.patches.engine_args import take_plugin_keys
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks" / "tools"))  # diagnostics
 VLLM_KEYS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
 
 
@@ -46,7 +47,7 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     cases += [(f"scv_step_profile:ngram_gpu:{name}", kwargs) for name, kwargs in profile.configs(
         "t", "d", 128, 0.22, ("fixed_k2", "scv", "scv_fixed2"), "ngram_gpu").items()]
     # What the engine process hands to LLM (it sets the environment and ablations itself).
-    split = importlib.import_module("gpu_engines").split_engine_kwargs
+    split = importlib.import_module("harness.engines").split_engine_kwargs
     return [(name, split(kwargs)[0]) for name, kwargs in cases]
 
 
@@ -180,29 +181,29 @@ def test_scv_merge_pairs_each_repetitions_runs(tmp_path):
 
 def test_result_files_keep_their_structure_a_line_an_item_and_the_rest_compact():
     """Result files lay out their structure one item a line and what lies deeper compact
-    (``common.result_json``): every device call carries the working tree, and indented result
-    files had grown to 48 MB of it, pushing the devkit into eleven parts. Every file under
+    (``harness.results.result_json``): every device call carries the working tree, and indented
+    result files had grown to 48 MB of it, pushing the devkit into eleven parts. Every file under
     ``benchmarks/results/`` is written that way, so that the tree stays small."""
-    common = importlib.import_module("common")
+    written = importlib.import_module("harness.results")
     payload = {"cells": [{"batch": 128, "steps": [[1, 2.5], [3, None]], "tok_s": {"a": 1.0}}],
                "rows": [], "empty": {}}
-    text = common.result_json(payload)
+    text = written.result_json(payload)
     assert json.loads(text) == payload
     lines = text.splitlines()
     assert '   "batch": 128,' in lines and '    "a": 1.0' in lines  # one item a line
     assert '   "steps": [' in lines and '    [1,2.5],' in lines
-    deep = common.result_json({"a": {"b": {"c": {"d": {"e": [1, {"f": 2}]}}}}})
+    deep = written.result_json({"a": {"b": {"c": {"d": {"e": [1, {"f": 2}]}}}}})
     assert '    "d": {"e":[1,{"f":2}]}' in deep.splitlines()  # below RESULT_DEPTH: compact
     results = Path(__file__).parents[2] / "benchmarks" / "results"
     loose = [path.name for path in sorted(results.glob("*.json"))
-             if path.read_text() != common.result_json(json.loads(path.read_text())) + "\n"]
-    assert not loose, f"result files not written with common.write_json: {loose}"
+             if path.read_text() != written.result_json(json.loads(path.read_text())) + "\n"]
+    assert not loose, f"result files not written with harness.results.write_json: {loose}"
 
 
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
-    pauses = importlib.import_module("gpu_engines").record_gc_pauses(at_least_ms=0.0)
+    pauses = importlib.import_module("harness.engines").record_gc_pauses(at_least_ms=0.0)
     try:
         gc.collect()
         assert [generation for generation, _ in pauses] == [2]
@@ -222,7 +223,7 @@ def test_slow_steps_show_where_the_host_was():
             held_on_purpose()
 
     llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
-    slow = importlib.import_module("gpu_engines").sample_slow_steps(llm, threshold=0.03)
+    slow = importlib.import_module("harness.engines").sample_slow_steps(llm, threshold=0.03)
     for slow_step in (False, True, False):
         llm.llm_engine.step(slow_step)
     assert len(slow) == 1 and slow[0]["ms"] >= 120
@@ -252,27 +253,10 @@ def test_overhead_lengths_per_k():
     overhead = importlib.import_module("nwor_overhead")
     assert overhead.lengths_for(2, ["1.5", "3.0", "k+1"]) == [1.5, 3.0]
     assert overhead.lengths_for(8, ["1.5", "3.0", "k+1"]) == [1.5, 3.0, 9.0]
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     rate = gpu_engines.rate_for_length(3.0, 4)
     assert abs(1 + rate + rate**2 + rate**3 + rate**4 - 3.0) < 1e-9
     assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
-
-
-def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
-    """scv_plan_host.py: each step planned, observed and timed; accepting requests drafted,
-    and both ways of the early exit choosing alike."""
-    plan_host = importlib.import_module("scv_plan_host")
-    times, counts = plan_host.drive([0.95], batch=8, steps=200, cost=plan_host.H200_B256_L3)
-    assert len(times) == 150 and min(times) > 0 and sum(counts) == 200
-    assert sum(counts[1:]) > 100
-    bound, floor = plan_host.scv._drafts_can_win, plan_host.scv._below_floor
-    search = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, request_bound=False)
-    assert search[1] == counts  # put back:
-    assert plan_host.scv._drafts_can_win is bound and plan_host.scv._below_floor is floor
-    committed = plan_host.module_at("HEAD")  # --against: the policy as committed, apart
-    assert committed.ChunkPolicy is not plan_host.scv.ChunkPolicy
-    times, counts = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, module=committed)
-    assert len(times) == 150 and sum(counts) == 200
 
 
 def test_overhead_cell_keeps_every_repetition():
@@ -301,7 +285,7 @@ def test_overhead_cell_keeps_every_repetition():
 
 def test_overhead_cell_compares_each_repetitions_median_step():
     overhead = importlib.import_module("nwor_overhead")
-    summary = importlib.import_module("gpu_engines").step_summary
+    summary = importlib.import_module("harness.engines").step_summary
     assert summary([]) is None
     # 10 steps: the trimmed mean leaves out the slowest and the fastest
     assert summary([0.001] * 8 + [0.0005, 0.1]) == {"steps": 10, "median": 1.0,
@@ -371,7 +355,7 @@ def test_pool_takes_a_cell_measured_again_from_the_later_file(tmp_path):
 
 
 def test_run_diagnostics_on_a_machine_without_a_gpu():
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     assert gpu_engines.ClockSampler().stop() is None  # no NVML here: nothing reported
     before = gpu_engines.host_usage()
     sum(i * i for i in range(200_000))
@@ -386,7 +370,7 @@ def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, _ = tiny_models
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 5
     prompts = PROMPTS[:5]
@@ -418,7 +402,7 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, draft = tiny_models
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 3
     prompts, pause = PROMPTS[:3], 0.3
@@ -445,14 +429,14 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
 
 
 def test_interleave_drives_the_benchmarks_engine_processes(tiny_models):
-    """The GPU benchmarks' engine processes (``gpu_engines.Engine``) serve a batch both ways,
+    """The GPU benchmarks' engine processes (``harness.engines.Engine``) serve a batch both ways,
     whole runs and interleaved in slices ("start", then "advance" until done; an engine done
     first serves a filler run, "abort"-ed when the last is done), then both ways again in the
     other order: the same tokens from both engines, every way and time, and the interleaved
     runs took several slices each. The GPU sessions would otherwise find a broken protocol on
     device time."""
     aa = importlib.import_module("interleave_aa_cpu")
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, _ = tiny_models
     prompts = [[3 + i, 7, 11, 13, 17, 19, 23, 29] for i in range(6)]
     extra = [{gpu_engines.OUTPUT_LEN_KEY: 16}] * len(prompts)
@@ -478,7 +462,7 @@ def test_steady_window_runs_from_the_first_finish_to_the_last_admission(tiny_mod
     from engine_utils import engine
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, _ = tiny_models
     lengths = [3, 7, 5, 5]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
@@ -501,7 +485,7 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
 
     from torch.autograd import DeviceType
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
 
     def event(start, end, device=DeviceType.CUDA):
         return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
@@ -515,7 +499,7 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
 
 
 def test_counters_are_differenced_and_totalled_key_by_key_and_element_by_element():
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     before = {"counts": [1, 2], "seconds": [[1, 0.5], [0, 0.0]], "plans": 3}
     after = {"counts": [4, 2], "seconds": [[2, 1.5], [1, 0.25]], "plans": 5}
     assert gpu_engines.difference(after, before) == {
@@ -527,7 +511,7 @@ def test_counters_are_differenced_and_totalled_key_by_key_and_element_by_element
 def test_pinned_engines_get_cores_of_their_own(monkeypatch):
     import os
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     env, cores = gpu_engines.ENV_KEY, gpu_engines.ENGINE_CORES
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6})
     configs = {"a": {"model": "m"}, "b": {"model": "m", env: {"X": "1"}}, "c": {"model": "m"}}
@@ -539,7 +523,7 @@ def test_pinned_engines_get_cores_of_their_own(monkeypatch):
 
 
 def test_engine_core_in_its_own_process_keeps_each_engines_environment():
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     env, ablate = gpu_engines.ENV_KEY, gpu_engines.ABLATE_KEY
     configs = {"a": {"model": "m"}, "b": {"model": "m", env: {"VLLM_USE_V2_MODEL_RUNNER": "0"}}}
     own = gpu_engines.engine_core_in_own_process(configs)
@@ -562,7 +546,7 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, draft = tiny_models
     params = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * 2
     held = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 10**6}
@@ -575,7 +559,7 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
         assert chunks == [0, 1, 2, 3] and all(planned[chunk] > 0 for chunk in chunks), planned
         assert {change[1] for change in changes} >= {1, 2, 3}  # the budgets it moved to
         assert {len(step) for step in steps} == {8} and {s[2] for s in steps} >= {0, 1, 2, 3}
-        # every budget drafted for a request alone too (gpu_engines.SMALL_WARM_BATCHES)
+        # every budget drafted for a request alone too (harness.engines.SMALL_WARM_BATCHES)
         assert {s[2] for s in steps if s[0] == 1} >= {1, 2, 3}
         # every budget met after plain steps, as a probe meets it: a catch-up comes first
         for size in (1, 2):
@@ -588,13 +572,13 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
 
 
 def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
-    """The GPU benchmarks' engine process (``gpu_engines.Engine``), on the real CPU engine:
+    """The GPU benchmarks' engine process (``harness.engines.Engine``), on the real CPU engine:
     the warm-up covers every chunk size, and a run comes back with SCV's counters for that run
     alone, its budget changes, every step its cost model observed and the policy's host time per
     step."""
     from engine_utils import PROMPTS, engine_options, spec_config
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, draft = tiny_models
     kwargs = engine_options(target, spec_config("draft_model", draft, scv="adaptive"))
     engines = gpu_engines.start_engines({"scv": kwargs})
@@ -634,7 +618,7 @@ def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
 
     import vllm_nwor
 
-    gpu_engines = importlib.import_module("gpu_engines")
+    gpu_engines = importlib.import_module("harness.engines")
     target, draft = tiny_models
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     with engine(target, spec_config("draft_model", draft, nwor=True)) as llm:
@@ -649,7 +633,7 @@ def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
 
 
 def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
-    """host_noise.py: a run's window of samples gives the main thread's CPU, how busy that CPU
+    """tools/host_noise.py: a run's window of samples gives the main thread's CPU, how busy that CPU
     and its siblings were, and the threads and processes over 5% of a CPU."""
     noise = importlib.import_module("host_noise")
     tick = os.sysconf("SC_CLK_TCK")
@@ -668,7 +652,7 @@ def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
 
 
 def test_fit_replay_prices_steady_plans_at_their_own_requests():
-    """scv_fit_replay.py: steps that cost exactly 4 ms plus 1 ms a draft pass plus 0.1 ms a
+    """tools/scv_fit_replay.py: steps that cost exactly 4 ms plus 1 ms a draft pass plus 0.1 ms a
     verified token are priced at what they took, at each plan's own number of requests (a
     batch draining to 3 requests among them), and the steady plans are found."""
     replay = importlib.import_module("scv_fit_replay")

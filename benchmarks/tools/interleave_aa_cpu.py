@@ -1,14 +1,16 @@
-"""Does interleaving take the host's speed out of a comparison? An A/A control on the CPU engine.
+"""Does running engines in short interleaved turns take the host's changing speed out?
+
+Does interleaving take the host's speed out of a comparison? An A/A control on the CPU engine.
 
 On the GPU machine the host's speed moves in spells of seconds (a fixed Python loop's time
 moved 2.5x within a session), and at batch 128 the step loop is bound by the host. Whole runs
 alternated one after the other met different spells: two identical engines differed run by
 run by 0.80-1.30 (docs/scv_results.md, thirty-fifth session), more than any of SCV's targets
-can tolerate. ``gpu_engines.interleave`` runs a group's engines at once, each stepping for a
+can tolerate. ``harness.engines.interleave`` runs a group's engines at once, each stepping for a
 fraction of a second in turn, so that every engine meets the same spells.
 
 This checks that on the real (CPU) engine, through the GPU benchmarks' own engine processes
-(``gpu_engines.Engine``): two identical engines (a tiny random-weight Llama, no speculation)
+(``harness.engines.Engine``): two identical engines (a tiny random-weight Llama, no speculation)
 serve the same requests at steady concurrency while other processes load every core in
 spells (``--spell``: each spell of load, and each without, lasts a random time in that
 range), a stand-in for that host. Each repetition serves the batch both ways, whole runs
@@ -21,7 +23,7 @@ unequal engines. ``--b-spec K`` makes engine ``b`` speculate (draft_model, the t
 K tokens a step): steps of another length and shape than ``a``'s, the GPU runs' case of fixed k
 against plain decoding.
 
-    .venv/bin/python benchmarks/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
+    .venv/bin/python benchmarks/tools/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import CPU_ENGINE, environment, write_result  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
+    CPU_ENGINE,
     ENV_KEY,
     OUTPUT_LEN_KEY,
     alternate,
@@ -48,6 +50,7 @@ from gpu_engines import (  # noqa: E402
     stop_engines,
     tokens_per_second,
 )
+from harness.results import environment, write_result  # noqa: E402
 
 
 def burn(on) -> None:

@@ -3,7 +3,8 @@
 Several engines can be alive in one run (started one after the other), so a benchmark can
 alternate batches between them, whole runs or slices of runs (:func:`interleave`). Each reply
 carries the batch's tokens, wall time, median inter-token latency and the spec-decode and NWOR
-counter deltas.
+counter deltas. Beside them: the 8B-shaped dummy checkpoints and prompts the GPU benchmarks
+share, the CPU benchmarks' engine settings, and the timers and samplers a run may switch on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,32 @@ PROMPT_LEN, OUTPUT_LEN = 512, 128
 OUTPUT_LEN_KEY = "output_len"
 """In a request's extra args as the benchmarks send them: its own output length (the
 engine process takes it out and sets ``max_tokens``); ``OUTPUT_LEN`` without it."""
+
+
+# The CPU benchmarks' engine (scv_cpu.py, tools/interleave_aa_cpu.py): a tiny model in fp32,
+# eager, every batch in one step's token budget; add model, speculative_config and max_num_seqs.
+CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
+                  max_num_batched_tokens=2048, enforce_eager=True, gpu_memory_utilization=0.3,
+                  disable_log_stats=False, enable_prefix_caching=False, seed=0)
+
+PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
+"""SCV's speculative keys that hold every request at chunk 0: verification priced out, no
+probes. An engine with them runs SCV's machinery and vLLM's speculative runner, drafting nothing."""
+
+
+def count_engine_steps(llm) -> list[int]:
+    """A counter of the engine core's steps (the core in this process), as a one-item list the
+    caller may read and reset: ``steps = count_engine_steps(llm); steps[0] = 0; ...``."""
+    core = llm.llm_engine.engine_core.engine_core
+    steps = [0]
+    step = core.step_fn
+
+    def counted(*args, **kwargs):
+        steps[0] += 1
+        return step(*args, **kwargs)
+
+    core.step_fn = counted
+    return steps
 
 
 def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[str, str]:

@@ -1,4 +1,6 @@
-"""Why a host-bound engine's step time moves by up to 2x between runs: a diagnostic, one GPU.
+"""Why does a host-bound engine's step time move by up to 2x between runs of one cell?
+
+Why a host-bound engine's step time moves by up to 2x between runs: a diagnostic, one GPU.
 
 At batch 1 the speculative engines' steps are bound by the host (GPU busy 35-48% with fixed
 k=4 and 8, ``scv_b1_L4_profile_2026-11-24_h200.json``), and their median step moved by up to
@@ -20,8 +22,8 @@ runs alternate between the process free to run on any CPU and the process pinned
 physical core whose siblings it leaves out, or to the CPUs given (``--pin``), so that the two
 can be compared run by run.
 
-    python benchmarks/host_noise.py --jsonl $OUT/host_noise.jsonl
-    python benchmarks/host_noise.py --merge A.jsonl B.jsonl ... --result <json>
+    python benchmarks/tools/host_noise.py --jsonl $OUT/host_noise.jsonl
+    python benchmarks/tools/host_noise.py --merge A.jsonl B.jsonl ... --result <json>
 
 A merge keeps each run whole, with the environment recorded beside its jsonl (runs on different
 machines stay apart).
@@ -40,15 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import (  # noqa: E402
+from harness.engines import count_engine_steps, prompts, rate_for_length, write_models  # noqa: E402
+from harness.results import (  # noqa: E402
     append_jsonl,
-    count_engine_steps,
     recorded_environment,
     write_json,
 )
-from gpu_engines import prompts, rate_for_length, write_models  # noqa: E402
 from scv_bench import engine_kwargs  # noqa: E402
 
 SAMPLE_SECONDS = 0.02

@@ -1,4 +1,6 @@
-"""Host time of a verify step's layers run outside CUDA graphs: vLLM's KV write and attention
+"""What host time does NWOR add to a verify step's layers run outside CUDA graphs?
+
+Host time of a verify step's layers run outside CUDA graphs: vLLM's KV write and attention
 against NWOR's staged ones, on the GPU, without the engine.
 
 A verify batch that is not uniform (ngram leaves some requests without drafts; SCV's mixed
@@ -28,8 +30,8 @@ The sides run in one process, alternating. The plugin's code is whatever ``vllm_
 (``PYTHONPATH`` chooses a checkout), so two versions are compared by running this twice, and
 ``--label`` names the version in the output.
 
-    python benchmarks/nwor_layer_host.py --label after --jsonl $OUT/layer_host.jsonl
-    python benchmarks/nwor_layer_host.py --merge layer_host.jsonl \
+    python benchmarks/tools/nwor_layer_host.py --label after --jsonl $OUT/layer_host.jsonl
+    python benchmarks/tools/nwor_layer_host.py --merge layer_host.jsonl \
         --result benchmarks/results/nwor_layer_host_<date>_<gpu>.json
 """
 
@@ -50,9 +52,9 @@ import triton.language as tl
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import override_forward_context
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import (  # noqa: E402
+from harness.results import (  # noqa: E402
     append_jsonl,
     parse_or_merge,
     recorded_environment,

@@ -1,4 +1,6 @@
-"""SCV's step-cost fit replayed over GPU runs' recorded steps, on the CPU: a diagnostic.
+"""Does SCV's step-cost fit price the plans a GPU run held at what their steps took?
+
+SCV's step-cost fit replayed over GPU runs' recorded steps, on the CPU: a diagnostic.
 
 ``scv_bench.py`` keeps every step SCV's cost model saw, in the warm-up (``groups[].warm``) and
 in each measured repetition (``scv_choices_by_group[].steps_by_rep``). This feeds them, in the
@@ -12,7 +14,8 @@ and reports the log of price over time: its mean and its mean absolute value, by
 (halved every N steps observed), so that the fit follows a host whose speed changes in spells
 (``host_noise_b1_2026-11-24_h200.json``). That variant lives here, not in the policy.
 
-    .venv/bin/python benchmarks/scv_fit_replay.py benchmarks/results/scv_b1_k8_2026-11-24_h200.json
+    .venv/bin/python benchmarks/tools/scv_fit_replay.py \\
+        benchmarks/results/scv_b1_k8_2026-11-24_h200.json
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import git_commit, write_json  # noqa: E402
+from harness.results import git_commit, write_json  # noqa: E402
 from vllm_nwor.scv import StepCostModel, on_full_graph  # noqa: E402
 
 MIN_STEADY_STEPS = 8

@@ -1,4 +1,6 @@
-"""SCV's policy in a simulated engine, on the CPU in seconds: a diagnostic, not a measurement.
+"""What are SCV's choices worth where the step costs are known (a simulated engine)?
+
+SCV's policy in a simulated engine, on the CPU in seconds: a diagnostic, not a measurement.
 
 The real :class:`vllm_nwor.scv.ChunkPolicy` plans every step of a simulated steady load
 (``batch`` requests in flight, ``load`` x ``batch`` requests of ``OUTPUT_LEN`` tokens, a new one
@@ -11,7 +13,7 @@ graphs; the prompts, the first batch's in the first step and those of the reques
 after a step in the next; with SCV, the lazy draft sync's catch-ups), with multiplicative
 noise. The policy sees only
 its own observations (its cost model is fitted online, as in the engine), after a warm-up that,
-as ``gpu_engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
+as ``harness.engines.warm_every_chunk`` does, runs every chunk size at every batch size of the run
 and then starts from fresh acceptance estimates.
 
 It reports each policy's tokens per simulated second, and SCV's over the best other (no
@@ -19,7 +21,7 @@ speculation and every fixed k), per workload and batch. Nothing is claimed from 
 GPU: it shows what the policy's choices are worth where the costs are known, and lets a change
 to the policy be compared with the current one in the same simulated traffic.
 
-    python benchmarks/scv_sim.py --batches 1 32 128 --seeds 4
+    python benchmarks/tools/scv_sim.py --batches 1 32 128 --seeds 4
 
 ``--unpriced`` adds, per cell, SCV as it was before it priced the lazy draft sync's catch-ups
 (``scv_unpriced``). ``--by-rate`` adds, per cell, the best policy that knows every request's

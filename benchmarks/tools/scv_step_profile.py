@@ -1,4 +1,6 @@
-"""Where a speculative step's time goes, engine by engine: a diagnostic, one GPU.
+"""Where does a speculative step's time go, engine by engine (chunk 0's floor included)?
+
+Where a speculative step's time goes, engine by engine: a diagnostic, one GPU.
 
 Engines side by side (``--engines``), all with async scheduling, on a uniform workload (L=1.5
 by default, ``--acceptance-length``; per-request synthetic acceptance, as in ``scv_bench.py``):
@@ -27,8 +29,8 @@ and self CUDA time by op) and cProfile's tables of the same run (the engine is i
 scheduler, runner and plugin). Greedy tokens of each engine are compared with no speculation's:
 SCV held at chunk 0 verifies no drafts, so they must match.
 
-    python benchmarks/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
-    python benchmarks/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
+    python benchmarks/tools/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
+    python benchmarks/tools/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -41,17 +43,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import (  # noqa: E402
-    PINNED_AT_ZERO,
-    append_jsonl,
-    parse_or_merge,
-    recorded_environment,
-    write_json,
-)
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     ABLATE_KEY,
+    PINNED_AT_ZERO,
     agreement,
     alternate,
     prompts,
@@ -59,6 +55,12 @@ from gpu_engines import (  # noqa: E402
     stop_engines,
     tokens_per_second,
     write_models,
+)
+from harness.results import (  # noqa: E402
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+    write_json,
 )
 from scv_bench import METHODS, REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
 
@@ -174,7 +176,7 @@ def main() -> None:
                     "step_ms_by_rep": {name: [r.get("step_ms") for r in rs]
                                        for name, rs in runs.items()}}
                 scv = {name: [r["scv"] for r in rs if r.get("scv")] for name, rs in runs.items()}
-                if any(scv.values()):  # what each SCV engine chose, and from what (gpu_engines)
+                if any(scv.values()):  # what each SCV engine chose, and from what (harness.engines)
                     row["scv"] = {name: {
                         "budget_counts_by_rep": [x["counters"]["budget_counts"] for x in xs],
                         "budget_changes_by_rep": [x["budget_changes"] for x in xs],

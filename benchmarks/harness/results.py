@@ -1,4 +1,5 @@
-"""What every benchmark result records: commit, versions, device, configuration."""
+"""What every benchmark result records (commit, versions, device) and how result files are
+written: ``write_json``'s layout, a GPU run's jsonl records and their merge (``parse_or_merge``)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
-
-# The CPU benchmarks' engine (chunk0_cpu_profile.py, scv_cpu.py): a tiny model in fp32, eager,
-# every batch in one step's token budget; add model, speculative_config and max_num_seqs.
-CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
-                  max_num_batched_tokens=2048, enforce_eager=True, gpu_memory_utilization=0.3,
-                  disable_log_stats=False, enable_prefix_caching=False, seed=0)
-
-PINNED_AT_ZERO = {"scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 1000000}
-"""SCV's speculative keys that hold every request at chunk 0: verification priced out, no
-probes. An engine with them runs SCV's machinery and vLLM's speculative runner, drafting nothing."""
-
-
-def count_engine_steps(llm) -> list[int]:
-    """A counter of the engine core's steps (the core in this process), as a one-item list the
-    caller may read and reset: ``steps = count_engine_steps(llm); steps[0] = 0; ...``."""
-    core = llm.llm_engine.engine_core.engine_core
-    steps = [0]
-    step = core.step_fn
-
-    def counted(*args, **kwargs):
-        steps[0] += 1
-        return step(*args, **kwargs)
-
-    core.step_fn = counted
-    return steps
+RESULTS = Path(__file__).parents[1] / "results"
 
 
 def git_commit() -> str:

@@ -1,4 +1,6 @@
-"""NWOR's host work per verify step, by part, in one engine on the GPU (a diagnostic).
+"""What does each part of NWOR's host work per verify step (indices, begin, commit) cost?
+
+NWOR's host work per verify step, by part, in one engine on the GPU (a diagnostic).
 
 NWOR's cost at batch 8-32 with draft_model (about 1% in the pooled matrix) is host time: those
 steps replay FULL CUDA graphs and wait on the host, and NWOR adds its per-step work there, the
@@ -11,8 +13,8 @@ unrecorded passes. Each timed call costs about 0.2 µs more, nested calls counte
 The plugin is whatever ``vllm_nwor`` imports (``PYTHONPATH`` chooses a checkout): two versions
 are compared by running this once per version, alternating, each run with its ``--label``.
 
-    python benchmarks/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
-    python benchmarks/nwor_step_host.py --merge step_host.jsonl --result <json>
+    python benchmarks/tools/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
+    python benchmarks/tools/nwor_step_host.py --merge step_host.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import append_jsonl, parse_or_merge, write_json  # noqa: E402
-from gpu_engines import (  # noqa: E402
+from harness.engines import (  # noqa: E402
     prompts,
     rate_for_length,
     time_engine_steps,
     write_models,
 )
+from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
 from nwor_overhead import engine_kwargs  # noqa: E402
 
 PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks is skipped
@@ -107,7 +109,7 @@ def main() -> None:
 
 def merge(jsonl: Path, result: Path) -> None:
     """The runs, and each part's median over a label's runs with its after/before ratio."""
-    from common import recorded_environment
+    from harness.results import recorded_environment
 
     runs = [json.loads(line) for line in jsonl.read_text().splitlines()]
     by_label: dict[str, dict[str, list[float]]] = {}

@@ -1,4 +1,6 @@
-"""GPU time of a verify step's layers replayed as one CUDA graph: vLLM's KV write and attention
+"""What GPU time does NWOR add to a verify step's layers replayed as one CUDA graph?
+
+GPU time of a verify step's layers replayed as one CUDA graph: vLLM's KV write and attention
 against NWOR's staged ones, on the GPU, without the engine.
 
 A uniform verify batch (every request with ``k`` drafts) replays a FULL CUDA graph in vLLM 0.26,
@@ -17,8 +19,8 @@ Both sides run in one process, alternating, the order flipped every round. Two v
 plugin are compared by running this twice (``PYTHONPATH`` chooses a checkout; ``--label`` names
 it); the merge reports ``after / before`` of NWOR's GPU time per step where both ran.
 
-    python benchmarks/nwor_layer_gpu.py --label after --jsonl $OUT/layer_gpu.jsonl
-    python benchmarks/nwor_layer_gpu.py --merge layer_gpu.jsonl \
+    python benchmarks/tools/nwor_layer_gpu.py --label after --jsonl $OUT/layer_gpu.jsonl
+    python benchmarks/tools/nwor_layer_gpu.py --merge layer_gpu.jsonl \
         --result benchmarks/results/nwor_layer_gpu_<date>_<gpu>.json
 """
 
@@ -34,9 +36,9 @@ from pathlib import Path
 import torch
 from vllm.forward_context import override_forward_context
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
 
-from common import (  # noqa: E402
+from harness.results import (  # noqa: E402
     append_jsonl,
     parse_or_merge,
     recorded_environment,

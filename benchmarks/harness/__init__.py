@@ -1,0 +1,3 @@
+"""What the benchmarks share: ``results`` (environment, result files, a GPU run's jsonl and its
+merge) and ``engines`` (engine processes driven over a pipe, dummy 8B-shaped checkpoints,
+prompts, timers). The benchmarks put ``benchmarks/`` on ``sys.path`` and import from here."""
