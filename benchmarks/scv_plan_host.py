@@ -11,8 +11,8 @@ drafts' verdicts drawn at the workload's acceptance and its duration from a step
 
 Two ways are compared in one run, alternating by repetition: ``search`` (every step that
 the bound by budget alone does not settle searches the plans, as before 2026-11-23) and
-``bounded`` (``choose_sizes``' early exit by request, ``scv._drafts_can_win`` and its rate
-floor ``scv._below_floor``). With
+``bounded`` (``choose_sizes``' early exit by request, ``scv.planner.drafts_can_win`` and its
+rate floor ``scv.planner.below_floor``). With
 ``--against REV`` the two are instead the policy module as it was at git revision ``REV``
 and as it is now, both bounded: a change meant to cut the policy's host time, measured. The
 result has each one's median microseconds per step, their ratio, and whether their choices
@@ -55,38 +55,68 @@ H200_B256_L3 = COSTS["b256_l3"]
 
 
 def module_at(revision: str):
-    """``vllm_nwor.scv`` as it was at git ``revision``, loaded as a module of its own."""
-    source = subprocess.run(["git", "show", f"{revision}:src/vllm_nwor/scv.py"], check=True,
-                            capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+    """``vllm_nwor.scv`` as it was at git ``revision``, loaded as a module of its own (the
+    package ``src/vllm_nwor/scv/``, or the single ``scv.py`` of revisions before the split)."""
+    def show(path: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True,
+                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+
+    single = show("src/vllm_nwor/scv.py")
     with tempfile.TemporaryDirectory() as root:
-        path = os.path.join(root, "scv_at_revision.py")
-        with open(path, "w") as f:
-            f.write(source)
+        if single.returncode == 0:
+            files = {"scv_at_revision.py": single.stdout}
+            path = os.path.join(root, "scv_at_revision.py")
+        else:
+            listing = subprocess.run(
+                ["git", "ls-tree", "--name-only", f"{revision}:src/vllm_nwor/scv"], check=True,
+                capture_output=True, text=True,
+                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.split()
+            files = {os.path.join("scv_at_revision", name): show(
+                f"src/vllm_nwor/scv/{name}").stdout.replace("vllm_nwor.scv", "scv_at_revision")
+                for name in listing if name.endswith(".py")}
+            path = os.path.join(root, "scv_at_revision", "__init__.py")
+        for name, source in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+            with open(os.path.join(root, name), "w") as f:
+                f.write(source)
         spec = importlib.util.spec_from_file_location("scv_at_revision", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # (dataclasses look their module up)
-        spec.loader.exec_module(module)
+        sys.path.insert(0, root)  # (the package's own modules)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(root)
     return module
+
+
+def _early_exit(module):
+    """Where ``module``'s early exit by request lives, and its two names there: the package's
+    planner, or a single-file revision's module itself."""
+    planner = getattr(module, "planner", None)
+    if planner is not None:
+        return planner, "drafts_can_win", "below_floor"
+    return module, "_drafts_can_win", "_below_floor"
 
 
 def drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int = 0,
           request_bound: bool = True, module=scv):
     """Seconds of the policy's work per step (plan, observe, observe_step; not the drawing of
     verdicts), after a warm-up, and its budget counts; without ``request_bound``, the early
-    exit by request is switched off (``search``): ``_drafts_can_win``, and its rate floor
-    ``_below_floor`` where the module has one. ``module``: the policy's module."""
-    bound, floor = module._drafts_can_win, getattr(module, "_below_floor", None)
+    exit by request is switched off (``search``): ``drafts_can_win``, and its rate floor
+    ``below_floor`` where the module has one. ``module``: the policy's module."""
+    home, can_win, below = _early_exit(module)
+    bound, floor = getattr(home, can_win), getattr(home, below, None)
     if not request_bound:
-        module._drafts_can_win = lambda *args: True
+        setattr(home, can_win, lambda *args: True)
         if floor is not None:
-            module._below_floor = lambda *args: False
+            setattr(home, below, lambda *args: False)
     try:
         return _drive(rates, batch, steps, module.StepCost(*cost), seed, module)
     finally:
-        module._drafts_can_win = bound
+        setattr(home, can_win, bound)
         if floor is not None:
-            module._below_floor = floor
+            setattr(home, below, floor)
 
 
 def _drive(rates: list[float], batch: int, steps: int, cost: StepCost, seed: int, module=scv):

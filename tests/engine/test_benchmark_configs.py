@@ -21,6 +21,7 @@ import pytest
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 
+import vllm_nwor.inspect
 from vllm_nwor.config import PLUGIN_KEYS
 from vllm_nwor.patches.engine_args import take_plugin_keys
 
@@ -265,10 +266,11 @@ def test_plan_host_benchmark_drives_the_policy_as_the_scheduler_does():
     times, counts = plan_host.drive([0.95], batch=8, steps=200, cost=plan_host.H200_B256_L3)
     assert len(times) == 150 and min(times) > 0 and sum(counts) == 200
     assert sum(counts[1:]) > 100
-    bound, floor = plan_host.scv._drafts_can_win, plan_host.scv._below_floor
+    planner = plan_host.scv.planner
+    bound, floor = planner.drafts_can_win, planner.below_floor
     search = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, request_bound=False)
     assert search[1] == counts  # put back:
-    assert plan_host.scv._drafts_can_win is bound and plan_host.scv._below_floor is floor
+    assert planner.drafts_can_win is bound and planner.below_floor is floor
     committed = plan_host.module_at("HEAD")  # --against: the policy as committed, apart
     assert committed.ChunkPolicy is not plan_host.scv.ChunkPolicy
     times, counts = plan_host.drive([0.95], 8, 200, plan_host.H200_B256_L3, module=committed)
@@ -433,12 +435,12 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
             time.sleep(pause)
             paused += pause
         wall = time.perf_counter() - start
-        scheduler = gpu_engines.scheduler_of(llm)
-        scheduler._nwor_scheduled_at["step"] = (1.0, False, 0, 0)
-        last = scheduler._nwor_last_output_at
+        clock = vllm_nwor.inspect.scv_step_clock(llm)
+        clock.scheduled_at["step"] = (1.0, False, 0, 0)
+        last = clock.last_output_at
         gpu_engines.shift_scv_clock(llm, 2.0)
-        assert scheduler._nwor_scheduled_at.pop("step") == (3.0, False, 0, 0)
-        assert scheduler._nwor_last_output_at == last + 2.0
+        assert clock.scheduled_at.pop("step") == (3.0, False, 0, 0)
+        assert clock.last_output_at == last + 2.0
     assert [o.outputs[0].token_ids for o in run.outputs()] == [
         o.outputs[0].token_ids for o in whole]
     assert run.slices >= 6 and run.seconds <= wall - paused + 0.05

@@ -24,6 +24,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError, config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.nwor.model_runner import attention_layers, backend_for
 
 logger = get_logger(__name__)
 
@@ -62,8 +63,6 @@ def lift_draft_limits(vllm_config: Any, window: int) -> None:
 
 
 def _window_draft_layers(model, window: int) -> int:
-    from vllm_nwor.patches.model_runner import attention_layers, backend_for
-
     layers = attention_layers(model)
     for layer in layers:
         backend_for(layer).window_attention(layer.impl, window)

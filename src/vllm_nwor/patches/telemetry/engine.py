@@ -35,7 +35,12 @@ from vllm.v1.metrics.stats import SchedulerStats
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.telemetry import SpecDecodeStep, SpecStepStats, SpecTelemetry, combine_rank_counters
+from vllm_nwor.telemetry.spec_decode import (
+    SpecDecodeStep,
+    SpecStepStats,
+    SpecTelemetry,
+    combine_rank_counters,
+)
 
 logger = get_logger(__name__)
 

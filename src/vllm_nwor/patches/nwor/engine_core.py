@@ -1,7 +1,7 @@
 """Engine-core patch: keep NWOR's scratch blocks out of the scheduler's block pool.
 
 On CUDA, verify attention reads each drafting request's chunk from scratch blocks at the end of
-every layer's paged cache (:mod:`vllm_nwor.kernels.scratch`, docs/gpu.md). The workers allocate
+every layer's paged cache (:mod:`vllm_nwor.nwor.kernels.scratch`, docs/gpu.md). The workers allocate
 the cache vLLM sized; the scheduler is given that many blocks less the scratch blocks, so it never
 hands one to a request.
 """
@@ -13,7 +13,7 @@ from vllm.v1.engine.core import EngineCore
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError, config_from_additional
-from vllm_nwor.kernels.scratch import scratch_blocks
+from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.patches._patch import Patch
 
 logger = get_logger(__name__)

@@ -51,7 +51,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError
-from vllm_nwor.kernels.commit_kv import (
+from vllm_nwor.nwor.kernels.commit_kv import (
     CommitKV,
     Verdict,
     Write,
@@ -59,7 +59,7 @@ from vllm_nwor.kernels.commit_kv import (
     check_caches,
     copy_rows_reference,
 )
-from vllm_nwor.kernels.scratch import plan_scratch, scratch_blocks
+from vllm_nwor.nwor.kernels.scratch import plan_scratch, scratch_blocks
 
 logger = get_logger(__name__)
 
@@ -732,7 +732,7 @@ attention metadata holds them."""
 
 
 class ScratchStaging:
-    """A fused stage, commit and write-back through scratch blocks (:mod:`vllm_nwor.kernels.
+    """A fused stage, commit and write-back through scratch blocks (:mod:`vllm_nwor.nwor.kernels.
     scratch`), for caches laid out ``[blocks, block_size, heads, head_size]`` per layer.
 
     - ``stage``: in the first layer, one launch plans the step; in every layer, ``write``

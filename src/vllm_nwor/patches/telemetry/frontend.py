@@ -39,10 +39,10 @@ from vllm.v1.serial_utils import MsgpackDecoder
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import config_from_additional
-from vllm_nwor.metrics import TelemetryLog, TelemetryMetrics
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.patches.telemetry_engine import NworEngineCoreOutputs
-from vllm_nwor.telemetry import RequestSpecDecodeMetrics
+from vllm_nwor.patches.telemetry.engine import NworEngineCoreOutputs
+from vllm_nwor.telemetry.metrics import TelemetryLog, TelemetryMetrics
+from vllm_nwor.telemetry.spec_decode import RequestSpecDecodeMetrics
 
 logger = get_logger(__name__)
 

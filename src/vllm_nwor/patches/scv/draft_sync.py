@@ -36,8 +36,8 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import config_from_additional
+from vllm_nwor.nwor.staging import IndexUploader
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.staging import IndexUploader
 
 logger = get_logger(__name__)
 
@@ -203,6 +203,18 @@ class LazyDraftSync:
         ):
             drafter.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
         self.caught_up_tokens += num_tokens
+
+
+def lazy_draft_sync(runner) -> LazyDraftSync | None:
+    """The runner's lazy draft sync, once its first draft step has set it up; None where it is
+    off (or not set up yet)."""
+    return getattr(runner, STATE_ATTR, None) or None
+
+
+def disable_lazy_draft_sync(runner) -> None:
+    """The draft model runs on every step from now on, as in vLLM (tests and benchmarks compare
+    the two)."""
+    setattr(runner, STATE_ATTR, False)
 
 
 def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
