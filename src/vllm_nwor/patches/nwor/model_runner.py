@@ -19,7 +19,7 @@ from vllm.model_executor.layers.attention.attention import Attention
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import NworConfigError, config_from_additional
+from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.staging import IndexUploader, NworInterceptor, StagingBuffer
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor import cpu_attn, flash_attn
@@ -31,6 +31,7 @@ from vllm_nwor.patches.nwor.binding import (
     interceptor_of,
 )
 from vllm_nwor.patches.scv import ngram_gpu
+from vllm_nwor.patches.settings import plugin_config
 from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at, thin_acceptance
 
 logger = get_logger(__name__)
@@ -60,7 +61,7 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
     ``profiling``: the KV cache is vLLM's minimal one, on which it measures CUDA graphs' memory
     and which it then discards. It has no room for NWOR's scratch blocks, so NWOR stays unbound
     until the real cache exists."""
-    config = config_from_additional(runner.vllm_config.additional_config)
+    config = plugin_config(runner.vllm_config)
     setattr(runner, SYNTHETIC_ATTR, config.synthetic_acceptance_per_request)
     setattr(runner, INTERCEPTOR_ATTR, None)
     if not config.nwor or profiling:

@@ -30,8 +30,8 @@ from vllm.config import CUDAGraphMode
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.settings import plugin_config
 
 logger = get_logger(__name__)
 
@@ -59,7 +59,7 @@ def decode_query_len(runner: GPUModelRunner, query_len: int):
 
 def _query_lens(runner: GPUModelRunner) -> range:
     """The query lengths SCV's uniform batches can have besides vLLM's ``1 + k``."""
-    config = config_from_additional(runner.vllm_config.additional_config)
+    config = plugin_config(runner.vllm_config)
     k = runner.uniform_decode_query_len - 1
     return range(1, min(1 + (config.scv_chunk_size or k), k) + 1)
 
@@ -67,7 +67,7 @@ def _query_lens(runner: GPUModelRunner) -> range:
 def _wanted(runner: GPUModelRunner) -> bool:
     mode = runner.compilation_config.cudagraph_mode
     return (
-        config_from_additional(runner.vllm_config.additional_config).scv != "off"
+        plugin_config(runner.vllm_config).scv != "off"
         and runner.uniform_decode_query_len > 1
         and mode.separate_routine()
         and mode.decode_mode() == CUDAGraphMode.FULL

@@ -35,9 +35,9 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.nwor.staging import IndexUploader
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.settings import plugin_config
 
 logger = get_logger(__name__)
 
@@ -220,7 +220,7 @@ def disable_lazy_draft_sync(runner) -> None:
 def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
     state = getattr(runner, STATE_ATTR, None)
     if state is None:
-        config = config_from_additional(runner.vllm_config.additional_config)
+        config = plugin_config(runner.vllm_config)
         parallel = runner.vllm_config.parallel_config
         speculative = runner.speculative_config
         wanted = (

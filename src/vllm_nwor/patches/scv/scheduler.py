@@ -32,9 +32,9 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.scv.draft_sync import DRAFTED_ATTR
+from vllm_nwor.patches.settings import plugin_config
 from vllm_nwor.patches.telemetry.engine import telemetry_of
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk
 
@@ -100,7 +100,7 @@ def policy_of(llm) -> ChunkPolicy | None:
 def _wrap_init(init):
     def wrapper(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        config = config_from_additional(self.vllm_config.additional_config)
+        config = plugin_config(self.vllm_config)
         policy = None
         if config.scv != "off" and self.num_spec_tokens > 0:
             method = self.vllm_config.speculative_config.method
