@@ -577,8 +577,8 @@ class NworInterceptor:
 
         ``sampled_token_ids`` is the rejection sampler's output, ``[num_reqs, max_spec_len +
         1]`` with rejected positions ``-1`` (see :meth:`VerifyStep.verdict`); the verdict is
-        read from it on the device. It opens no NVTX range: on an H200 machine the range and
-        its frame took about 7 µs of every step's host time. Nsight shows the commit as its
+        read from it on the device. It opens no NVTX range: the range and its frame cost
+        host time in every step. Nsight shows the commit as its
         kernel, ``_commit_kv_kernel``.
         """
         step, self._step = self._step, None

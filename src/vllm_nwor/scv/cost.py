@@ -100,15 +100,12 @@ class StepCostModel:
     ``[2**(b-1), 2**b)``) and draft budget, the last ``window`` of each, and one fit covers them
     all. A single window of the last steps held one batch size after a while: at batch 1 a
     draft pass's own cost and its cost per request are the same column, the fit split them at
-    will, and at batch 32 that priced a pass many times its real cost (on the GPU, SCV then held
-    uniform L=3 at chunk 0 in 457 of 489 steps at batch 32, right after the batch-1 cells).
-    Kept by band, steps at other batch sizes stay in the fit and tell the two apart. Kept by
+    will, and at larger batches that priced a pass many times its real cost. Kept by band,
+    steps at other batch sizes stay in the fit and tell the two apart. Kept by
     budget too, the plain steps of a batch held at chunk 0 do not push out what its drafting
-    steps cost: by band alone, at batch 128 the warm-up's steps at every budget (a step
-    verifying 2 drafts per request took 16.4 ms, a plain one 8.5) were gone after 256 plain
-    steps, the drafting terms were left to a few compile-slowed steps of the warm-up's smaller
-    batches, and the fit priced that step at 31 ms: SCV never drafted where fixed k=2 gained
-    13% (``benchmarks/results/scv_b128_fixed2_2026-11-23_h200.json``).
+    steps cost: by band alone, the warm-up's steps at every budget were soon pushed out by plain
+    steps, the drafting terms were left to a few compile-slowed warm-up steps, and the fit
+    overpriced drafting where it paid (docs/scv.md).
 
     ``ready(requests)`` is True where the steps seen price that concurrency: its own band has
     ``min_steps`` steps, or bands that have lie on both sides of it (between them the fit
@@ -118,13 +115,10 @@ class StepCostModel:
 
     A step's time is the interval between its output and the previous one's (the scheduler
     patch), and with async scheduling the host prepares and launches the next step before it
-    takes a step's output: where the host is what bounds the engine (batch 1 on the H200), an
-    interval holds much of the next step's preparation. There the plain step before a shared
-    probe took 8.6-9.1 ms, the probe 4.7-6.0 and the step verifying it 3.8, against 4.95 for
-    a plain step; fitted to each step's own terms, a step verifying one draft and drafting
-    one, 7.3 ms when one followed another, was priced at 6.6 (1.32x a plain step, not 1.47x),
-    and at L=1.5 SCV drafted where plain decoding was faster
-    (``scv_warm_switch_again_2026-11-24_h200.json``). So each step is fitted to its own terms
+    takes a step's output: where the host is what bounds the engine (small batches on a fast
+    GPU), an interval holds much of the next step's preparation, and a fit of each step's own
+    terms underpriced steps that draft, so SCV drafted where plain decoding was faster
+    (docs/scv.md). So each step is fitted to its own terms
     and the next step's (every term but the fixed one, twice; a step's row waits for the next
     step), and a plan is priced as the sum of both, what it costs an engine that runs it step
     after step. Where the GPU bounds the step, the next step's terms fit near 0.
@@ -135,7 +129,7 @@ class StepCostModel:
     it. Every term is a cost, so none may be negative: an unconstrained fit (the first GPU runs
     used recursive least squares) traded a large ``fixed`` against a negative draft cost while
     the budget rarely changed, and clipping that afterwards made every step look like a large
-    fixed cost and every draft free (``benchmarks/results/scv_2026-11-22_h200.json``).
+    fixed cost and every draft free.
     Coefficients given by the user (``scv_cost_model``: fixed, per token, per draft) are used as
     they are, with no cost per pass or off the graphs.
     """

@@ -40,17 +40,15 @@ def choose_sizes(rates: np.ndarray, max_chunk: int, cost: StepCost,
     ``history``: each request's tokens made and steps taken in the batch so far. The batch
     holds what the plans over its requests' stay settled it into, not what the last plan
     would: ``w_i`` is then request ``i``'s tokens per step so far, the last plan's ``E_i``
-    counted as one more step. On the H200 a mixed batch at 128 that had decoded plainly for
-    fifteen steps met a probe step drafting part of it; taken as settled under that plan, it
-    valued drafting for every request above plain decoding, and verified a draft for all 128
-    requests for the next 42 steps (``scv_small_warm_2026-11-23_h200.json``).
+    counted as one more step. Taken as settled under the last plan alone, a mixed batch that
+    had decoded plainly and then met a probe step drafting part of it valued drafting for every
+    request above plain decoding, and kept drafting for all of them.
 
     ``catch_up``: per request, the seconds its catch-up costs (the lazy draft sync's pass over
     the positions it skipped) per token it has left to generate. A plan that drafts it pays
     that once, spread over the steps it has left (its tokens left over ``E_i``): ``E_i`` times
     ``catch_up`` each step. Without it, a batch near the line between drafting and not went
-    back and forth (on the GPU at batch 256, L=3: budget 1 for one to three steps every 15, each
-    return catching 256 requests up on 15 positions, several milliseconds on an 11 ms step).
+    back and forth, each return paying a catch-up over every request's skipped positions.
 
     The plan with budget ``D = max(c)`` replays a FULL graph when its sizes are equal (or
     always, with ``mixed_graphs``) and its tokens are at most ``max_graph_tokens`` (None:
@@ -172,9 +170,9 @@ def drafts_can_win(gain: np.ndarray, w: np.ndarray, cost: StepCost,
     yields more tokens per second than the plain one only if
     ``sum_i w_i * (1 - (S_D / S_0 + v * c_i) / gain[c_i, i]) > 0``, ``v = n * p / S_0``: a
     sum of one term per request, so no plan with budget ``D`` can if no request's best term at
-    a chunk up to ``D`` makes it positive (catch-up charges, left out, only add cost). At
-    batch 256 on the H200 that keeps L=3 at chunk 0 without the search, which the bound by
-    budget alone (every request at chunk ``D``, priced as a step of ``n`` tokens) never did:
+    a chunk up to ``D`` makes it positive (catch-up charges, left out, only add cost). At large
+    batches that keeps a low-acceptance batch at chunk 0 without the search, which the bound by
+    budget alone (every request at chunk ``D``, priced as a step of ``n`` tokens) does not:
     a step's drafts cost mostly per token there, and that bound leaves them out."""
     bars, _ = bars_at(gain.shape[1], len(gain) - 1, cost, max_graph_tokens, mixed_graphs)
     if bars is None:

@@ -55,8 +55,7 @@ class ChunkPolicy:
         not its estimator's: a benchmark that replaced the estimator after its warm-up (fresh
         verdicts, :func:`benchmarks.gpu_engines.warm_every_chunk`) reset the estimator's step
         count, the last shared probe step stayed at the warm-up's, and no shared probe came
-        until the new count passed it (on the H200, SCV never drafted in five runs of 258 steps
-        at batch 128, uniform L=4, where fixed k=2 gained 12%)."""
+        until the new count passed it."""
         self._last_probe_step = 0  # the last shared probe step
         self._balance = 0.0  # the ledger (observe_step): at most 0; below, what is owed
         self._unpriced: deque[float] = deque(maxlen=3)  # the last learning steps' seconds
@@ -243,8 +242,8 @@ class ChunkPolicy:
                 sizes = np.full(len(req_ids), budget)
             else:
                 sizes = self._rng.integers(0, budget + 1, size=len(req_ids))
-            # A plan that drafts nothing learns nothing and owes nothing (on the H200 such a
-            # warm-up step took 786 ms where 350 were priced and owed 0.4 s).
+            # A plan that drafts nothing learns nothing and owes nothing (a slow warm-up step
+            # of its own would otherwise keep shared probes away for long).
             self.learning_step = self.cost.priced() and bool(sizes.any())
             return sizes
         step = self.steps
@@ -254,7 +253,7 @@ class ChunkPolicy:
         floor = rate_floor(len(req_ids), k, cost, graphs, mixed)
         # A batch whose rates are all at most the floor is kept at chunk 0: what choose_sizes
         # returns, without what it and its arguments cost, nor (under the bound) the rates. At
-        # batch 128 on the H200 a plain step is bound by the host, and most steps of a batch
+        # large batches a plain step can be bound by the host, and most steps of a batch
         # kept at chunk 0 end here.
         if floor is not None and self.acceptance.rate_bound(req_ids) < floor - 1e-9:
             rates = None

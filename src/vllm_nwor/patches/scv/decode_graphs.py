@@ -5,9 +5,8 @@ all have ``1 + k`` tokens (``uniform_decode_query_len``), in sizes that are mult
 ``1 + k``. SCV's draft budget ``D`` varies from step to step, so a batch where every request
 verifies ``D < k`` drafts (``1 + D`` tokens each; ``D = 0`` is plain decoding) is uniform but
 not vLLM's shape, and the target model runs PIECEWISE: attention and the KV update leave the
-graph, 32 layers of them each step. Measured on an H200
-(``benchmarks/results/scv_step_profile_2026-11-21_h200.json``): at batch 1 a chunk-0 step took
-about twice as long as the same step without speculation.
+graph, every layer each step: at small batches a chunk-0 step then costs far more than the
+same step without speculation (docs/scv.md).
 
 When SCV is on and vLLM resolved FULL decode graphs (``FULL_AND_PIECEWISE``), this captures FULL
 decode graphs for every query length ``q`` from 1 to ``min(1 + scv_chunk_size, k)``, next to

@@ -2,10 +2,8 @@
 
 With draft_model, vLLM runs the draft model over every step's tokens even when no drafts are
 wanted (draft budget 0, vLLM's own dynamic-k path), so that the draft's KV cache stays complete.
-That pass is what makes a chunk-0 step cost more than a step without speculation: on the CPU
-engine vLLM's k = 0 step took 1.5-1.7x a plain step, the draft pass most of the difference
-(``benchmarks/results/chunk0_cpu_profile_*``); on the GPU a 2-layer draft of a 32-layer target
-costs about 6% of its forward at chunk 0 (one extra slot per request), more than SCV may lose.
+That pass is what makes a chunk-0 step cost more than a step without speculation: the draft
+pass is most of the difference (docs/scv.md), more than SCV may lose.
 
 With SCV on and method draft_model, a step whose draft budget is 0 skips the drafter entirely
 (what vLLM's k = 0 path returns: no drafts). The runner records, per request, the first position
