@@ -1,0 +1,32 @@
+"""The plugin's config is parsed once and carried on the vLLM config object
+(``patches/settings.py``); a config made without ``EngineArgs`` is parsed once, then cached."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_nwor.config import NworConfig, NworConfigError
+from vllm_nwor.patches import settings
+
+
+def test_the_attached_config_is_handed_out_as_is():
+    config = NworConfig(nwor=True, scv="adaptive")
+    vllm_config = SimpleNamespace(additional_config={"nwor": False})  # (not read)
+    settings.attach(vllm_config, config)
+    assert settings.plugin_config(vllm_config) is config
+
+
+def test_without_one_attached_the_keys_are_parsed_once(monkeypatch):
+    vllm_config = SimpleNamespace(additional_config={"nwor": True, "other": 1})
+    first = settings.plugin_config(vllm_config)
+    assert first.nwor and first.scv == "off"
+    monkeypatch.setattr(settings, "config_from_additional",
+                        lambda *_: pytest.fail("parsed again"))
+    assert settings.plugin_config(vllm_config) is first
+
+
+def test_a_bad_key_without_engine_args_still_fails_naming_it():
+    with pytest.raises(NworConfigError, match="'scv' must be one of"):
+        settings.plugin_config(SimpleNamespace(additional_config={"scv": "sometimes"}))
