@@ -68,7 +68,8 @@ def module_at(revision: str):
             path = os.path.join(root, "scv_at_revision.py")
         else:
             listing = subprocess.run(
-                ["git", "ls-tree", "--name-only", f"{revision}:src/vllm_nwor/scv"], check=True,
+                ["git", "ls-tree", "--full-tree", "--name-only",
+                 f"{revision}:src/vllm_nwor/scv"], check=True,
                 capture_output=True, text=True,
                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.split()
             files = {os.path.join("scv_at_revision", name): show(
