@@ -42,7 +42,7 @@ def run(target: str, speculative: dict | None, prompts: list[list[int]], new_tok
     """Greedy tokens, per-request steps (position, drafted, accepted) and seconds."""
     from vllm import LLM, SamplingParams
 
-    from vllm_nwor.patches.scheduler import scheduler_of
+    from vllm_nwor.inspect import scheduler_of
 
     llm = LLM(model=target, skip_tokenizer_init=True, dtype="float32",
               max_model_len=max(map(len, prompts)) + new_tokens + 16, max_num_seqs=len(prompts),

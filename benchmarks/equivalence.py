@@ -257,7 +257,7 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
     if case.preempt:
         # 768 tokens of KV cache, the same blocks for requests on both sides: NWOR on CUDA
         # keeps its scratch blocks out of the override, so NWOR off gets the override less them.
-        from vllm_nwor.kernels.scratch import scratch_blocks
+        from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 
         block_size = case.engine.get("block_size", default_block_size(on_cuda))
         reserved = scratch_blocks(8, case.k, block_size)[1] if on_cuda else 0
@@ -325,7 +325,7 @@ def run_engine(spec: dict) -> dict:
     from vllm import LLM
 
     import vllm_nwor
-    from vllm_nwor.patches.model_runner import attention_layers
+    from vllm_nwor.patches.nwor.model_runner import attention_layers
 
     case, on_cuda, nwor = Case(**spec["case"]), spec["on_cuda"], spec["nwor"]
     kwargs = engine_kwargs(case, tuple(spec["paths"]), nwor, on_cuda)

@@ -208,13 +208,12 @@ def shift_scv_clock(llm, seconds: float) -> None:
     scheduled, when the last output came) on by a pause of ``seconds``, so that the step in
     flight across the pause is timed as if the pause had not been. Without it, each of an
     interleaved run's pauses entered SCV's cost fit as one step as long as the pause."""
+    from vllm_nwor.inspect import scv_step_clock
+
     scheduler = scheduler_of(llm)
-    if scheduler is None or not hasattr(scheduler, "_nwor_scheduled_at"):
-        return
-    scheduler._nwor_scheduled_at = {key: (at + seconds, *rest) for key, (at, *rest)
-                                    in scheduler._nwor_scheduled_at.items()}
-    if getattr(scheduler, "_nwor_last_output_at", None) is not None:
-        scheduler._nwor_last_output_at += seconds
+    clock = None if scheduler is None else scv_step_clock(scheduler)
+    if clock is not None:
+        clock.shift(seconds)
 
 
 ENV_KEY = "_env"
@@ -250,8 +249,8 @@ def ablate(names: list[str]) -> None:
     ``record`` skips the lazy draft sync's record of skipped steps (no catch-up ever needs
     it); ``trim_wait`` keeps vLLM's wait for ngram_gpu's valid-draft counts on steps without
     drafts (``patches/ngram_gpu.py`` left out)."""
-    from vllm_nwor.patches import ngram_gpu
-    from vllm_nwor.patches.draft_sync import LazyDraftSync
+    from vllm_nwor.patches.scv import ngram_gpu
+    from vllm_nwor.patches.scv.draft_sync import LazyDraftSync
     from vllm_nwor.scv import ChunkPolicy
 
     def plan_zero(self, req_ids, **kwargs):
@@ -625,10 +624,10 @@ def time_nwor_host(llm) -> dict | None:
     timed = functools.partial(timed_into, totals)
 
     def install(worker) -> bool:
-        from vllm_nwor.patches.model_runner import INTERCEPTOR_ATTR
-        from vllm_nwor.staging import VerifyStep
+        from vllm_nwor.inspect import interceptor_of
+        from vllm_nwor.nwor.staging import VerifyStep
 
-        interceptor = getattr(worker.model_runner, INTERCEPTOR_ATTR, None)
+        interceptor = interceptor_of(worker.model_runner)
         if interceptor is None:
             return False
         for name in ("begin", "commit", "unstage_rows"):
@@ -782,7 +781,7 @@ def trace_scv(llm, limit: int = 100_000) -> tuple[list, list]:
 
 def scheduler_of(llm):
     """The engine's scheduler, or None where the engine core runs in its own process."""
-    from vllm_nwor.patches.scheduler import scheduler_of as in_process
+    from vllm_nwor.inspect import scheduler_of as in_process
 
     try:
         return in_process(llm)
@@ -792,9 +791,10 @@ def scheduler_of(llm):
 
 def scv_policy(llm):
     """The engine's SCV policy, or None (SCV off, or the engine core in its own process)."""
-    from vllm_nwor.patches.scheduler import POLICY_ATTR
+    from vllm_nwor.inspect import scv_policy
 
-    return getattr(scheduler_of(llm), POLICY_ATTR, None)
+    scheduler = scheduler_of(llm)
+    return None if scheduler is None else scv_policy(scheduler)
 
 
 SMALL_WARM_BATCHES = (1, 3)

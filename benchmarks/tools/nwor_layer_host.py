@@ -61,12 +61,12 @@ from harness.results import (  # noqa: E402
     write_json,
 )
 from vllm_nwor import patches  # noqa: E402
-from vllm_nwor.kernels._common import Launcher  # noqa: E402
-from vllm_nwor.kernels.scratch import scratch_blocks  # noqa: E402
-from vllm_nwor.patches import flash_attn as nwor_fa  # noqa: E402
+from vllm_nwor.nwor.kernels._common import Launcher  # noqa: E402
+from vllm_nwor.nwor.kernels.scratch import scratch_blocks  # noqa: E402
+from vllm_nwor.nwor.staging import IndexUploader, NworInterceptor, StagingBuffer, VerifyStep  # noqa: E402
 from vllm_nwor.patches._patch import original  # noqa: E402
-from vllm_nwor.patches.model_runner import BINDING_ATTR, LayerBinding, wrap_kv_cache_update  # noqa: E402
-from vllm_nwor.staging import IndexUploader, NworInterceptor, StagingBuffer, VerifyStep  # noqa: E402
+from vllm_nwor.patches.nwor import flash_attn as nwor_fa  # noqa: E402
+from vllm_nwor.patches.nwor.binding import BINDING_ATTR, LayerBinding, wrap_kv_cache_update  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 CASES = [  # batch, k, share of requests without drafts (as ngram leaves them)

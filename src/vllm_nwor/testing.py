@@ -182,7 +182,7 @@ class SpecStepRecorder:
     """
 
     def __init__(self, llm) -> None:
-        from vllm_nwor.patches.scheduler import scheduler_of
+        from vllm_nwor.inspect import scheduler_of
 
         scheduler = scheduler_of(llm)
         self._steps: dict[str, RequestSteps] = defaultdict(RequestSteps)

@@ -32,7 +32,7 @@ def read_flash_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> t
 
 def read_cpu_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """CPU_ATTN's cache read per token through the layout NWOR learned from vLLM's write op."""
-    from vllm_nwor.patches.cpu_attn import BACKEND
+    from vllm_nwor.patches.nwor.cpu_attn import BACKEND
 
     key, value = BACKEND.layer_state(layer).gather(layer.kv_cache, block_ids, num_tokens)
     return torch.cat([key, value], dim=-1).flatten(1)

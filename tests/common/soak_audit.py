@@ -68,7 +68,7 @@ class StepAudit:
         from cache_audit import CacheAudit, read_cpu_attn_tokens, read_flash_attn_tokens
 
         import vllm_nwor
-        from vllm_nwor.patches.model_runner import attention_layers
+        from vllm_nwor.patches.nwor.model_runner import attention_layers
 
         layers = attention_layers(runner.get_model())
         read = read_flash_attn_tokens if runner.device.type == "cuda" else read_cpu_attn_tokens

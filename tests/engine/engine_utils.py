@@ -83,7 +83,7 @@ def spec_decode_stats(llm: LLM) -> tuple[int, int]:
 
 
 def target_layers(llm: LLM) -> list:
-    from vllm_nwor.patches.model_runner import attention_layers
+    from vllm_nwor.patches.nwor.model_runner import attention_layers
 
     return attention_layers(runner_of(llm).get_model())
 

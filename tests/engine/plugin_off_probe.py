@@ -19,6 +19,7 @@ from engine_utils import PROMPTS  # noqa: E402  # isort: skip
 
 
 def main(target: str) -> None:
+    from vllm_nwor.inspect import interceptor_of
     from vllm_nwor.patches import all_patches
 
     with engine(target, spec_config("ngram")) as llm:
@@ -34,7 +35,9 @@ def main(target: str) -> None:
             "spec_stats": spec_decode_stats(llm),
             "config_hash": runner.vllm_config.compute_hash(),
             "additional_config": runner.vllm_config.additional_config,
-            "interceptor": repr(getattr(runner, "_nwor_interceptor", "absent")),
+            # what the plugin set on the runner (nothing where it is not loaded)
+            "plugin_attributes": sorted(name for name in vars(runner) if "nwor" in name),
+            "interceptor": repr(interceptor_of(runner)),
             "patches_applied": sum(p.is_applied() for p in all_patches()),
             "output_types": sorted({type(c).__name__ for o in outputs for c in o.outputs}),
             "plugin_metrics": sorted(

@@ -21,6 +21,7 @@ import pytest
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 
+import vllm_nwor.inspect
 from vllm_nwor.config import PLUGIN_KEYS
 from vllm_nwor.patches.engine_args import take_plugin_keys
 
@@ -417,12 +418,12 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
             time.sleep(pause)
             paused += pause
         wall = time.perf_counter() - start
-        scheduler = gpu_engines.scheduler_of(llm)
-        scheduler._nwor_scheduled_at["step"] = (1.0, False, 0, 0)
-        last = scheduler._nwor_last_output_at
+        clock = vllm_nwor.inspect.scv_step_clock(llm)
+        clock.scheduled_at["step"] = (1.0, False, 0, 0)
+        last = clock.last_output_at
         gpu_engines.shift_scv_clock(llm, 2.0)
-        assert scheduler._nwor_scheduled_at.pop("step") == (3.0, False, 0, 0)
-        assert scheduler._nwor_last_output_at == last + 2.0
+        assert clock.scheduled_at.pop("step") == (3.0, False, 0, 0)
+        assert clock.last_output_at == last + 2.0
     assert [o.outputs[0].token_ids for o in run.outputs()] == [
         o.outputs[0].token_ids for o in whole]
     assert run.slices >= 6 and run.seconds <= wall - paused + 0.05

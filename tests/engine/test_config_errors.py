@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from engine_utils import engine, runner_of, spec_config
 
+import vllm_nwor.inspect
 from vllm_nwor import NworConfigError
 
 
@@ -89,7 +90,7 @@ def test_unknown_vllm_keys_are_still_vllms_to_reject(tiny_models):
 def test_additional_config_switches_nwor_on_too(tiny_models):
     target, _ = tiny_models
     with engine(target, spec_config("ngram"), additional_config={"nwor": True}) as llm:
-        assert runner_of(llm)._nwor_interceptor is not None
+        assert vllm_nwor.inspect.interceptor_of(runner_of(llm)) is not None
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_nwor.patches import decode_graphs
+from vllm_nwor.patches.scv import decode_graphs
 
 SIZES = [5, 10, 20, 25, 40]  # vLLM's capture sizes with k = 4: multiples of 5
 VLLM_TABLE = decode_graphs.padding_table(SIZES, 40)

@@ -16,8 +16,8 @@ from cache_audit import runner_of
 from engine_utils import PROMPTS, engine, spec_config
 from vllm import SamplingParams
 
-from vllm_nwor.patches.draft_sync import STATE_ATTR, LazyDraftSync
-from vllm_nwor.patches.scheduler import policy_of
+from vllm_nwor.inspect import disable_lazy_draft_sync, lazy_draft_sync, scv_policy
+from vllm_nwor.patches.scv.draft_sync import LazyDraftSync
 
 # Probes every 4 steps whatever they cost (scv_probe_cost 1): under this pinned cost model a
 # step that drafts only to probe costs more than a plain one, so the default share (1%) would
@@ -30,13 +30,13 @@ def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:
     target, draft = tiny_models
     with engine(target, spec_config("draft_model", draft, **HELD_AT_ZERO, **keys)) as llm:
         if not lazy:
-            setattr(runner_of(llm), STATE_ATTR, False)  # vLLM's pass on every step
+            disable_lazy_draft_sync(runner_of(llm))  # vLLM's pass on every step
         if fail_catch_up:
             def failing_pass(*args):
                 raise RuntimeError("injected catch-up failure")
 
             LazyDraftSync._draft_pass, saved = failing_pass, LazyDraftSync._draft_pass
-        policy, caught_up = policy_of(llm), []
+        policy, caught_up = scv_policy(llm), []
         plan = policy.plan
 
         def counted_plan(*args, **kwargs):  # the positions the policy expects caught up
@@ -52,7 +52,7 @@ def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:
         finally:
             if fail_catch_up:
                 LazyDraftSync._draft_pass = saved
-        state = getattr(runner_of(llm), STATE_ATTR)
+        state = lazy_draft_sync(runner_of(llm))
         return {
             "tokens": [list(o.outputs[0].token_ids) for o in outputs],
             "acceptance": [o.outputs[0].acceptance_lengths for o in outputs],

@@ -13,7 +13,7 @@ import collections
 import pytest
 from engine_utils import engine, generate
 
-from vllm_nwor.patches.scheduler import scheduler_of
+from vllm_nwor.inspect import scheduler_of
 
 PROMPTS = [[(7 * i + 13 * j) % 500 + 2 for j in range(n)] for i, n in enumerate([20, 300])]
 

@@ -41,7 +41,7 @@ def _run(tiny_models, method: str, compiled: bool, nwor: bool) -> dict:
         with engine(target, speculative, **kwargs) as llm:
             steps: list[tuple[tuple[int, ...], np.ndarray]] = []
             runner = runner_of(llm)
-            interceptor = getattr(runner, "_nwor_interceptor", None)
+            interceptor = vllm_nwor.inspect.interceptor_of(runner)
             if interceptor is not None:
                 begin = interceptor.begin
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from vllm.v1.spec_decode.ngram_proposer_gpu import update_scheduler_for_invalid_drafts
 
-from vllm_nwor.patches import ngram_gpu
+from vllm_nwor.patches.scv import ngram_gpu
 
 
 class CountingEvent:

@@ -8,8 +8,8 @@ import pytest
 from engine_utils import engine, generate, spec_config, spec_decode_stats
 
 import vllm_nwor
-from vllm_nwor.patches import scheduler as scheduler_patch
-from vllm_nwor.patches.scheduler import scheduler_of
+from vllm_nwor.inspect import scheduler_of
+from vllm_nwor.patches.scv import scheduler as scheduler_patch
 
 
 def record_chunks(llm) -> dict[str, list[int]]:

@@ -10,7 +10,7 @@ import torch
 from engine_utils import engine, generate, runner_of, spec_config, target_layers
 
 import vllm_nwor
-from vllm_nwor.patches.model_runner import BINDING_ATTR
+from vllm_nwor.inspect import interceptor_of, layer_binding
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +18,11 @@ def run(tiny_models):
     target, _ = tiny_models
     with engine(target, spec_config("ngram", nwor=True)) as llm:
         runner = runner_of(llm)
-        interceptor = runner._nwor_interceptor
+        interceptor = interceptor_of(runner)
         buffer = interceptor.buffer
         record = {"begun": 0, "resets": 0, "commits": [], "bindings": []}
         record["bindings"] = [
-            (layer.layer_name, getattr(layer, BINDING_ATTR).layer_idx)
+            (layer.layer_name, layer_binding(layer).layer_idx)
             for layer in target_layers(llm)
         ]
         begin, reset, commit = interceptor.begin, buffer.reset, interceptor.commit
@@ -96,6 +96,6 @@ def test_draft_model_layers_are_left_alone(tiny_models):
         drafter_layers = [
             m for m in runner.drafter.model.modules() if hasattr(m, "kv_sharing_target_layer_name")
         ]
-        bound_target = [layer for layer in target_layers(llm) if hasattr(layer, BINDING_ATTR)]
-        assert drafter_layers and not [m for m in drafter_layers if hasattr(m, BINDING_ATTR)]
+        bound_target = [layer for layer in target_layers(llm) if layer_binding(layer) is not None]
+        assert drafter_layers and not [m for m in drafter_layers if layer_binding(m) is not None]
         assert len(bound_target) == 3

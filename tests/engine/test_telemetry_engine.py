@@ -107,7 +107,7 @@ def test_a_lagging_stream_keeps_the_fields_when_vllm_merges_its_outputs():
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.output_processor import RequestOutputCollector
 
-    from vllm_nwor.patches import telemetry_frontend
+    from vllm_nwor.patches.telemetry import frontend as telemetry_frontend
     from vllm_nwor.telemetry import RequestSpecDecodeMetrics
 
     (patch,) = [p for p in telemetry_frontend.PATCHES if p.target is RequestOutput]

@@ -19,7 +19,7 @@ from engine_utils import PROMPTS, engine, metric_values, spec_config
 from vllm import SamplingParams
 
 import vllm_nwor
-from vllm_nwor.patches.scheduler import scheduler_of
+from vllm_nwor.inspect import scheduler_of
 
 pytestmark = pytest.mark.engine
 

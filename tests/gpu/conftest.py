@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_nwor.kernels._common import HAS_TRITON, INTERPRET
+from vllm_nwor.nwor.kernels._common import HAS_TRITON, INTERPRET
 
 ON_GPU = torch.cuda.is_available() and HAS_TRITON
 DEVICE = "cuda" if ON_GPU else "cpu"

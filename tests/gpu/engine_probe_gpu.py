@@ -24,9 +24,14 @@ from cache_audit import CacheAudit, read_flash_attn_tokens, runner_of  # noqa: E
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-from vllm_nwor.patches import draft_sync  # noqa: E402
-from vllm_nwor.patches.model_runner import attention_layers  # noqa: E402
-from vllm_nwor.patches.scheduler import policy_of, scheduler_of  # noqa: E402
+from vllm_nwor.inspect import (  # noqa: E402
+    disable_lazy_draft_sync,
+    interceptor_of,
+    lazy_draft_sync,
+    scheduler_of,
+)
+from vllm_nwor.inspect import scv_policy as policy_of  # noqa: E402
+from vllm_nwor.patches.nwor.model_runner import attention_layers  # noqa: E402
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]
@@ -86,10 +91,10 @@ def main(spec: dict, out_path: str) -> None:
     llm = LLM(speculative_config=speculative, **{**engine, **spec.get("engine", {})})
     runner = runner_of(llm)
     if spec.get("draft_pass_every_step"):
-        setattr(runner, draft_sync.STATE_ATTR, False)
+        disable_lazy_draft_sync(runner)
     layers = attention_layers(runner.get_model())
     cache_audit = CacheAudit(runner, layers, read_flash_attn_tokens, 16) if audit else None
-    interceptor = getattr(runner, "_nwor_interceptor", None)
+    interceptor = interceptor_of(runner)
     if inject_every and interceptor is not None:
         commit_fn, calls = interceptor.commit_fn, [0]
 
@@ -116,7 +121,7 @@ def main(spec: dict, out_path: str) -> None:
                  "step_seconds": sum(seconds for _, seconds in policy.budget_seconds) - before}
     metrics = {m.name: m for m in llm.get_metrics()}
     counters = vllm_nwor.get_counters(llm)
-    lazy = getattr(runner, draft_sync.STATE_ATTR, None)
+    lazy = lazy_draft_sync(runner)
     summary = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],

@@ -12,8 +12,8 @@ import torch
 from test_kernels import DTYPE, SENTINEL, layer_caches, rows
 
 from conftest import DEVICE
-from vllm_nwor.kernels.scratch import scratch_blocks
-from vllm_nwor.staging import NworInterceptor, ScratchStaging, StagingBuffer, VerifyStep
+from vllm_nwor.nwor.kernels.scratch import scratch_blocks
+from vllm_nwor.nwor.staging import NworInterceptor, ScratchStaging, StagingBuffer, VerifyStep
 
 pytestmark = pytest.mark.interpretable
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from vllm_nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
-from vllm_nwor.kernels.scratch import plan_scratch, plan_scratch_reference, scratch_blocks
+from vllm_nwor.nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
+from vllm_nwor.nwor.kernels.scratch import plan_scratch, plan_scratch_reference, scratch_blocks
 
 SENTINEL = -32768.0  # exact in bf16, and never drawn by randn
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
@@ -67,7 +67,7 @@ class _CountingJit:
 def test_launcher_reuses_the_compiled_kernel_and_falls_back_for_unaligned_tensors(monkeypatch):
     """The first launch of a layout goes through the JIT, later ones through the compiled
     kernel's launcher with the same result; a tensor off a 16-byte boundary takes the JIT."""
-    from vllm_nwor.kernels import commit_kv as module
+    from vllm_nwor.nwor.kernels import commit_kv as module
 
     launcher = module._COMMIT
     jit = _CountingJit(launcher.kernel)
@@ -169,7 +169,7 @@ def test_commit_kv_reads_the_samplers_verdict_like_the_reference(pattern, head_s
                                                                  num_kv_heads, block_size):
     """With the verdict read in the kernel: a request's last sampled token and its accepted
     drafts are copied, rejected drafts are not, and the accepted drafts are counted."""
-    from vllm_nwor.staging import VerifyStep
+    from vllm_nwor.nwor.staging import VerifyStep
 
     torch.manual_seed(11)
     counts = [1] if pattern == "one" else [3, 0, 5, 2, 1]  # drafts per request
@@ -205,8 +205,8 @@ def test_commit_kv_reads_the_samplers_verdict_like_the_reference(pattern, head_s
 def test_a_steps_commit_launches_the_compiled_kernel(monkeypatch):
     """The commit as a verify step makes it (its verdict's indices from the step's one upload)
     goes through the JIT once, then through the compiled kernel, with the reference's bytes."""
-    from vllm_nwor.kernels import commit_kv as module
-    from vllm_nwor.staging import IndexUploader, VerifyStep
+    from vllm_nwor.nwor.kernels import commit_kv as module
+    from vllm_nwor.nwor.staging import IndexUploader, VerifyStep
 
     launcher = module._COMMIT
     jit = _CountingJit(launcher.kernel)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_nwor.attention import attention_with_lse, chunk_verify_attention, merge_attn_states
+from vllm_nwor.nwor.attention import attention_with_lse, chunk_verify_attention, merge_attn_states
 
 
 def causal_reference(query, keys, values, q_positions, scale):

@@ -4,13 +4,13 @@ import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry
 
-from vllm_nwor.metrics import (
+from vllm_nwor.telemetry import RequestSpecDecodeMetrics, SpecStepStats
+from vllm_nwor.telemetry.metrics import (
     TelemetryLog,
     TelemetryMetrics,
     mean_acceptance_length_buckets,
     observe_many,
 )
-from vllm_nwor.telemetry import RequestSpecDecodeMetrics, SpecStepStats
 
 LABELS = {"model_name": "m", "engine": "0"}
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from vllm_nwor.responses import StreamAnnotator, annotate_response
 from vllm_nwor.telemetry import RequestSpecDecodeMetrics
+from vllm_nwor.telemetry.responses import StreamAnnotator, annotate_response
 
 
 def metrics(*accepted: int) -> RequestSpecDecodeMetrics:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_nwor.kernels.scratch import plan_scratch, scratch_blocks
+from vllm_nwor.nwor.kernels.scratch import plan_scratch, scratch_blocks
 
 BLOCK, HEADS, DIM = 4, 2, 8
 
@@ -102,7 +102,7 @@ def _engine_config(num_blocks, max_num_seqs=8, k=4, max_model_len=256, nwor=True
 
 @pytest.fixture
 def on_cuda(monkeypatch):
-    from vllm_nwor.patches import engine_core
+    from vllm_nwor.patches.nwor import engine_core
 
     monkeypatch.setattr(engine_core.current_platform, "is_cuda", lambda: True)
     return engine_core

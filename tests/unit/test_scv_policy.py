@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_nwor import scv
 from vllm_nwor.scv import (
     AcceptanceEstimator,
     ChunkPolicy,
@@ -17,6 +16,7 @@ from vllm_nwor.scv import (
     choose_sizes,
     expected_tokens,
     nonnegative_least_squares,
+    planner,
 )
 
 K = 4
@@ -231,19 +231,19 @@ def test_choose_sizes_stops_early_only_where_no_plan_with_drafts_wins():
         cases.append((rates, cost, rng.choice([None, 96, 512]),
                       {"settled_under": settled_under, "catch_up": catch_up}))
     searched = 0
-    real = scv._drafts_can_win
+    real = planner.drafts_can_win
 
     def counted(*args):
         nonlocal searched
         searched += real(*args)
         return real(*args)
 
-    scv._drafts_can_win = counted
+    planner.drafts_can_win = counted
     try:
         fast = [choose_sizes(rates, K, cost, graphs, **kw).tolist()
                 for rates, cost, graphs, kw in cases]
     finally:
-        scv._drafts_can_win = real
+        planner.drafts_can_win = real
     full = [choose_sizes(rates, K, cost, graphs, exit_early=False, **kw).tolist()
             for rates, cost, graphs, kw in cases]
     assert fast == full
@@ -545,13 +545,13 @@ def test_nonnegative_least_squares_from_a_start_ends_at_the_same_fit():
 
 
 def best_term(bars: np.ndarray, rate: float) -> float:
-    """A request's best term of the early exit (``scv._drafts_can_win``) at ``rate``."""
+    """A request's best term of the early exit (``planner.drafts_can_win``) at ``rate``."""
     gain = np.cumsum(rate ** np.arange(len(bars)))
     return float(np.max(1 - bars[1:, 1:] / gain[None, 1:]))
 
 
 def test_rate_floor_of_the_early_exit_is_safe_and_close():
-    """Below the rate ``_bars`` gives, no request's term of the early exit is positive (every
+    """Below the rate ``bars_at`` gives, no request's term of the early exit is positive (every
     batch of such requests is kept at chunk 0 without the search); a little above it, one is."""
     rng = np.random.default_rng(11)
     checked = 0
@@ -561,7 +561,8 @@ def test_rate_floor_of_the_early_exit_is_safe_and_close():
                         *rng.uniform(0, 2e-3, 2) * [1, 1e-2], rng.choice([0.0, 2e-3]),
                         *rng.uniform(0, 2e-3, 3) * [1, 1, 1e-4],
                         *rng.uniform(0, 5e-5, 4) * (rng.random(4) < 0.5))
-        bars, floor = scv._bars(n, 8, cost, rng.choice([None, 96, 512]), bool(rng.random() < .3))
+        bars, floor = planner.bars_at(n, 8, cost, rng.choice([None, 96, 512]),
+                                      bool(rng.random() < .3))
         assert best_term(bars, floor) < -1e-9
         if floor < 1 - 1e-4:
             assert best_term(bars, floor + 1e-4) > -1e-6

@@ -1,7 +1,10 @@
 """Every vLLM attribute the plugin replaces or adds, in the order they are applied.
 
 This package is the only place that touches vLLM internals. Each patch keeps the original and
-calls it; see each entry's ``why`` for what it does and what would retire it.
+calls it; see each entry's ``why`` for what it does and what would retire it. The modules are
+grouped by feature: ``nwor/`` (staged KV writes and verify attention), ``scv/`` (per-request
+chunks), ``telemetry/`` (acceptance lengths and metrics); ``engine_args`` (the plugin's config),
+``draft_window`` (the draft context window) and ``_patch`` (the utility) serve all of them.
 
 1. ``EngineArgs.create_engine_config``: move the plugin's keys out of the speculative config
    into ``additional_config``; validate the finished config.
@@ -62,21 +65,11 @@ from vllm_nwor.patches._patch import Patch
 
 def all_patches() -> list[Patch]:
     """The patches applied when the plugin registers, in every process."""
-    from vllm_nwor.patches import (
-        cpu_attn,
-        decode_graphs,
-        draft_sync,
-        draft_window,
-        engine_args,
-        engine_core,
-        flash_attn,
-        model_runner,
-        ngram_gpu,
-        scheduler,
-        telemetry_engine,
-        telemetry_frontend,
-        worker,
-    )
+    from vllm_nwor.patches import draft_window, engine_args
+    from vllm_nwor.patches.nwor import cpu_attn, engine_core, flash_attn, model_runner, worker
+    from vllm_nwor.patches.scv import decode_graphs, draft_sync, ngram_gpu, scheduler
+    from vllm_nwor.patches.telemetry import engine as telemetry_engine
+    from vllm_nwor.patches.telemetry import frontend as telemetry_frontend
 
     return [
         *engine_args.PATCHES,
@@ -97,7 +90,7 @@ def all_patches() -> list[Patch]:
 
 def serving_patches() -> list[Patch]:
     """The OpenAI-server patches (applied by :func:`apply_serving`)."""
-    from vllm_nwor.patches import openai_serving
+    from vllm_nwor.patches.telemetry import openai_serving
 
     return list(openai_serving.PATCHES)
 

@@ -22,8 +22,10 @@ from typing import Any
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import NworConfigError, config_from_additional
+from vllm_nwor.config import NworConfigError
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.nwor.model_runner import attention_layers, backend_for
+from vllm_nwor.patches.settings import plugin_config
 
 logger = get_logger(__name__)
 
@@ -62,8 +64,6 @@ def lift_draft_limits(vllm_config: Any, window: int) -> None:
 
 
 def _window_draft_layers(model, window: int) -> int:
-    from vllm_nwor.patches.model_runner import attention_layers, backend_for
-
     layers = attention_layers(model)
     for layer in layers:
         backend_for(layer).window_attention(layer.impl, window)
@@ -73,7 +73,7 @@ def _window_draft_layers(model, window: int) -> int:
 def _wrap_get_model(get_model):
     def wrapper(self):
         model = get_model(self)
-        window = config_from_additional(self.vllm_config.additional_config).draft_context_window
+        window = plugin_config(self.vllm_config).draft_context_window
         if window:
             _window_draft_layers(model, window)
         return model

@@ -15,13 +15,13 @@ from vllm_nwor._logging import get_logger
 from vllm_nwor.config import (
     NworConfig,
     NworConfigError,
-    config_from_additional,
     merge_plugin_settings,
     split_plugin_keys,
     unsupported_kv_cache_dtype,
 )
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.draft_window import lift_draft_limits
+from vllm_nwor.patches.settings import attach
 
 logger = get_logger(__name__)
 
@@ -60,14 +60,14 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
     settings = merge_plugin_settings(from_speculative, from_additional)
     if not settings:
         return NworConfig()
-    config = NworConfig.from_dict(settings)
+    config = NworConfig(**settings)  # (each source's keys validated above)
     engine_args.additional_config = {**others, **config.to_dict()}
     return config
 
 
-def check_engine_config(vllm_config: Any) -> None:
-    """Refuses setups the plugin cannot serve, naming the setting and what is allowed."""
-    config = config_from_additional(vllm_config.additional_config)
+def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
+    """Refuses setups the plugin cannot serve, naming the setting and what is allowed
+    (``config``: the plugin's, parsed by :func:`take_plugin_keys`)."""
     defaults = NworConfig().to_dict()
     given = {k: v for k, v in config.to_dict().items() if v != defaults[k]}
     if given.get("nwor_telemetry") is False:  # switches nothing on
@@ -152,9 +152,8 @@ def unsupported_compilation(compilation_config: Any) -> str | None:
     return None
 
 
-def log_activation(vllm_config: Any) -> None:
+def log_activation(config: NworConfig) -> None:
     """The plugin's one INFO line, when a config switches a feature on."""
-    config = config_from_additional(vllm_config.additional_config)
     if not config.enabled:
         return
     import vllm
@@ -174,10 +173,11 @@ def log_activation(vllm_config: Any) -> None:
 
 def _wrap_create_engine_config(create_engine_config):
     def wrapper(self, *args, **kwargs):
-        take_plugin_keys(self)
+        config = take_plugin_keys(self)  # the one parse of the plugin's keys
         vllm_config = create_engine_config(self, *args, **kwargs)
-        check_engine_config(vllm_config)
-        log_activation(vllm_config)
+        attach(vllm_config, config)
+        check_engine_config(vllm_config, config)
+        log_activation(config)
         return vllm_config
 
     return wrapper

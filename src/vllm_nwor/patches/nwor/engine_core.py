@@ -1,7 +1,7 @@
 """Engine-core patch: keep NWOR's scratch blocks out of the scheduler's block pool.
 
 On CUDA, verify attention reads each drafting request's chunk from scratch blocks at the end of
-every layer's paged cache (:mod:`vllm_nwor.kernels.scratch`, docs/gpu.md). The workers allocate
+every layer's paged cache (:mod:`vllm_nwor.nwor.kernels.scratch`, docs/gpu.md). The workers allocate
 the cache vLLM sized; the scheduler is given that many blocks less the scratch blocks, so it never
 hands one to a request.
 """
@@ -12,9 +12,10 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.core import EngineCore
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import NworConfigError, config_from_additional
-from vllm_nwor.kernels.scratch import scratch_blocks
+from vllm_nwor.config import NworConfigError
+from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.settings import plugin_config
 
 logger = get_logger(__name__)
 
@@ -24,7 +25,7 @@ def reserved_blocks(vllm_config) -> int:
     spec = vllm_config.speculative_config
     if spec is None or not current_platform.is_cuda():
         return 0
-    if not config_from_additional(vllm_config.additional_config).nwor:
+    if not plugin_config(vllm_config).nwor:
         return 0
     return scratch_blocks(vllm_config.scheduler_config.max_num_seqs, spec.num_speculative_tokens,
                           vllm_config.cache_config.block_size)[1]

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_nwor.kernels._common import (
+from vllm_nwor.nwor.kernels._common import (
     HAS_TRITON,
     Launcher,
     check,

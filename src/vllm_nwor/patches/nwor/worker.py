@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from vllm.v1.worker.worker_base import WorkerBase
 
-import vllm_nwor
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.nwor.binding import interceptor_of
 
 
 def _nwor_counters(_missing):
     def nwor_counters(self) -> dict | None:
         """This worker's NWOR counters as a dict, or None when NWOR is off."""
-        counters = vllm_nwor.runner_counters(getattr(self, "model_runner", None))
-        return None if counters is None else counters.as_dict()
+        interceptor = interceptor_of(getattr(self, "model_runner", None))
+        return None if interceptor is None else interceptor.counters().as_dict()
 
     return nwor_counters
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from vllm.v1.worker import gpu_model_runner
 
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.settings import plugin_config
 
 _scv_on = False
 
@@ -29,7 +29,7 @@ _scv_on = False
 def configure(runner) -> None:
     """This process's runner: whether its steps with no drafts skip the wait (SCV on)."""
     global _scv_on
-    _scv_on = config_from_additional(runner.vllm_config.additional_config).scv != "off"
+    _scv_on = plugin_config(runner.vllm_config).scv != "off"
 
 
 def _wrap_update_scheduler_for_invalid_drafts(update_scheduler_for_invalid_drafts):

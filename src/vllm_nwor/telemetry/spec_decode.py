@@ -1,6 +1,6 @@
 """Per-request acceptance lengths, and the per-step numbers behind the plugin's metrics.
 
-Nothing here imports vLLM; ``patches/telemetry_engine.py`` and ``patches/telemetry_frontend.py``
+Nothing here imports vLLM; ``patches/telemetry/engine.py`` and ``patches/telemetry/frontend.py``
 wire it in. Terms, as in vLLM:
 
 speculative step
@@ -22,7 +22,7 @@ The data path::
                   -> SpecDecodeStep per front end, SpecStepStats (with log stats) per step
     front end     RequestSpecDecodeMetrics.observe()   per request, step by step
                   -> CompletionOutput.acceptance_lengths / .spec_decode_metrics, responses,
-                     and vllm_nwor.metrics (Prometheus)
+                     and vllm_nwor.telemetry.metrics (Prometheus)
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError
-from vllm_nwor.kernels.commit_kv import (
+from vllm_nwor.nwor.kernels.commit_kv import (
     CommitKV,
     Verdict,
     Write,
@@ -59,7 +59,7 @@ from vllm_nwor.kernels.commit_kv import (
     check_caches,
     copy_rows_reference,
 )
-from vllm_nwor.kernels.scratch import plan_scratch, scratch_blocks
+from vllm_nwor.nwor.kernels.scratch import plan_scratch, scratch_blocks
 
 logger = get_logger(__name__)
 
@@ -577,8 +577,8 @@ class NworInterceptor:
 
         ``sampled_token_ids`` is the rejection sampler's output, ``[num_reqs, max_spec_len +
         1]`` with rejected positions ``-1`` (see :meth:`VerifyStep.verdict`); the verdict is
-        read from it on the device. It opens no NVTX range: on an H200 machine the range and
-        its frame took about 7 µs of every step's host time. Nsight shows the commit as its
+        read from it on the device. It opens no NVTX range: the range and its frame cost
+        host time in every step. Nsight shows the commit as its
         kernel, ``_commit_kv_kernel``.
         """
         step, self._step = self._step, None
@@ -732,7 +732,7 @@ attention metadata holds them."""
 
 
 class ScratchStaging:
-    """A fused stage, commit and write-back through scratch blocks (:mod:`vllm_nwor.kernels.
+    """A fused stage, commit and write-back through scratch blocks (:mod:`vllm_nwor.nwor.kernels.
     scratch`), for caches laid out ``[blocks, block_size, heads, head_size]`` per layer.
 
     - ``stage``: in the first layer, one launch plans the step; in every layer, ``write``

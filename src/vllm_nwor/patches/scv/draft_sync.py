@@ -2,10 +2,8 @@
 
 With draft_model, vLLM runs the draft model over every step's tokens even when no drafts are
 wanted (draft budget 0, vLLM's own dynamic-k path), so that the draft's KV cache stays complete.
-That pass is what makes a chunk-0 step cost more than a step without speculation: on the CPU
-engine vLLM's k = 0 step took 1.5-1.7x a plain step, the draft pass most of the difference
-(``benchmarks/results/chunk0_cpu_profile_*``); on the GPU a 2-layer draft of a 32-layer target
-costs about 6% of its forward at chunk 0 (one extra slot per request), more than SCV may lose.
+That pass is what makes a chunk-0 step cost more than a step without speculation: the draft
+pass is most of the difference (docs/scv.md), more than SCV may lose.
 
 With SCV on and method draft_model, a step whose draft budget is 0 skips the drafter entirely
 (what vLLM's k = 0 path returns: no drafts). The runner records, per request, the first position
@@ -35,9 +33,9 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
+from vllm_nwor.nwor.staging import IndexUploader
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.staging import IndexUploader
+from vllm_nwor.patches.settings import plugin_config
 
 logger = get_logger(__name__)
 
@@ -205,10 +203,22 @@ class LazyDraftSync:
         self.caught_up_tokens += num_tokens
 
 
+def lazy_draft_sync(runner) -> LazyDraftSync | None:
+    """The runner's lazy draft sync, once its first draft step has set it up; None where it is
+    off (or not set up yet)."""
+    return getattr(runner, STATE_ATTR, None) or None
+
+
+def disable_lazy_draft_sync(runner) -> None:
+    """The draft model runs on every step from now on, as in vLLM (tests and benchmarks compare
+    the two)."""
+    setattr(runner, STATE_ATTR, False)
+
+
 def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
     state = getattr(runner, STATE_ATTR, None)
     if state is None:
-        config = config_from_additional(runner.vllm_config.additional_config)
+        config = plugin_config(runner.vllm_config)
         parallel = runner.vllm_config.parallel_config
         speculative = runner.speculative_config
         wanted = (

@@ -7,8 +7,8 @@ vLLM 0.26's CPU backend writes a layer's KV twice: in ``do_kv_cache_update`` and
 its second write never happens. Every other call goes to vLLM unchanged.
 
 The CPU attention kernel returns no log-sum-exp, so the staged step's attention is the PyTorch
-reference in :mod:`vllm_nwor.attention`, reading the cache through a layout learned from the
-backend's own write op (:mod:`vllm_nwor.kv_layout`).
+reference in :mod:`vllm_nwor.nwor.attention`, reading the cache through a layout learned from the
+backend's own write op (:mod:`vllm_nwor.nwor.kv_layout`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
-from vllm_nwor.attention import chunk_verify_attention
-from vllm_nwor.kv_layout import PagedKVLayout
+from vllm_nwor.nwor.attention import chunk_verify_attention
+from vllm_nwor.nwor.kv_layout import PagedKVLayout
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import (
+from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
     staged_binding,
     wrap_kv_cache_update,

@@ -75,8 +75,8 @@ class Launcher:
     compiled kernel; later launches of that key whose tensors are all 16-byte aligned, as they
     were for the first, call its launcher directly, each tensor passed as its address. (Given
     a tensor, the launcher calls its ``data_ptr`` and asks the driver whether the address is a
-    device's. The commit's launch, with ten tensors, took 35 µs of a draft_model step's host
-    time that way on an H200 machine, and 29 µs with addresses; nwor_step_host, 2026-11-24.)
+    device's, for every tensor of every launch: host time the commit's launch, with ten
+    tensors, saves with addresses; ``benchmarks/nwor_step_host.py`` measures it.)
     Anything else (a tensor not so aligned, a launch hook such as a profiler's) takes the JIT
     every time.
 

@@ -33,9 +33,14 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.metrics.stats import SchedulerStats
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.telemetry import SpecDecodeStep, SpecStepStats, SpecTelemetry, combine_rank_counters
+from vllm_nwor.patches.settings import plugin_config
+from vllm_nwor.telemetry.spec_decode import (
+    SpecDecodeStep,
+    SpecStepStats,
+    SpecTelemetry,
+    combine_rank_counters,
+)
 
 logger = get_logger(__name__)
 
@@ -91,7 +96,7 @@ def telemetry_of(scheduler: Scheduler) -> SpecTelemetry | None:
 
 def _new_telemetry(scheduler: Scheduler) -> SpecTelemetry | None:
     vllm_config = scheduler.vllm_config
-    config = config_from_additional(vllm_config.additional_config)
+    config = plugin_config(vllm_config)
     if not config.telemetry or vllm_config.speculative_config is None:
         return None
     return SpecTelemetry(

@@ -18,7 +18,7 @@ Its *scratch span* is its blocks from the one holding its first draft onward:
   blocks. Those hold, for every layer, the committed tokens that share the first such block
   (copied here) and the step's own rows: the chunk is visible, and no draft is written to a
   block the scheduler gave a request.
-- After rejection sampling, :func:`~vllm_nwor.kernels.commit_kv.commit_kv` copies its accepted
+- After rejection sampling, :func:`~vllm_nwor.nwor.kernels.commit_kv.commit_kv` copies its accepted
   rows in the span (those before its drafts, and its accepted drafts) from the scratch blocks to
   their own slots, ``commit_slots`` (-1 for every other row).
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_nwor.kernels._common import (
+from vllm_nwor.nwor.kernels._common import (
     HAS_TRITON,
     Launcher,
     check,
@@ -201,8 +201,8 @@ def plan_scratch(
     Shapes: block_table ``[R, W]`` int32 (vLLM's); qsl ``[R + 1]`` and seq_lens ``[>= R]``
     int32; row_stage_index ``[<= n]``; slot_mapping ``[n]`` (vLLM's, ``n >= qsl[R]``); table
     ``[>= R, >= W]`` int32; write_slots and commit_slots ``[>= n]`` int64; the caches as
-    :func:`~vllm_nwor.kernels.commit_kv.commit_kv` takes them, with
-    ``offsets`` from :func:`~vllm_nwor.kernels.commit_kv.cache_offsets`.
+    :func:`~vllm_nwor.nwor.kernels.commit_kv.commit_kv` takes them, with
+    ``offsets`` from :func:`~vllm_nwor.nwor.kernels.commit_kv.cache_offsets`.
     """
     num_reqs, width = block_table.shape
     num_rows = slot_mapping.shape[0]

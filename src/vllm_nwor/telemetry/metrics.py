@@ -42,7 +42,7 @@ from typing import Any
 
 import prometheus_client
 
-from vllm_nwor.telemetry import RequestSpecDecodeMetrics, SpecStepStats
+from vllm_nwor.telemetry.spec_decode import RequestSpecDecodeMetrics, SpecStepStats
 
 _LABELS = ("model_name", "engine")
 _NWOR_TOKEN_COUNTERS = (

@@ -25,16 +25,17 @@ Greedy outputs are unchanged: verifying fewer drafts never changes which tokens 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from vllm.config import CUDAGraphMode
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.patches.draft_sync import DRAFTED_ATTR
-from vllm_nwor.patches.telemetry_engine import telemetry_of
+from vllm_nwor.patches.scv.draft_sync import DRAFTED_ATTR
+from vllm_nwor.patches.settings import plugin_config
+from vllm_nwor.patches.telemetry.engine import telemetry_of
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk
 
 logger = get_logger(__name__)
@@ -48,8 +49,36 @@ WHOLE_K_DRAFTERS = ("ngram_gpu", "suffix", "medusa")
 the GPU) moves on every step: SCV asks them for all k and cuts every request to its chunk."""
 
 
-def _policy(scheduler: Scheduler) -> ChunkPolicy | None:
+CLOCK_ATTR = "_nwor_scv_clock"
+"""Set on the scheduler with SCV on: its :class:`StepClock`."""
+
+
+@dataclass
+class StepClock:
+    """What times SCV's steps: when each step in flight was scheduled (by the id of its
+    scheduler output: the time, whether it was planned to learn, the positions it catches up,
+    its draft budget), when the last output came, and whether the last plan was one to learn."""
+
+    scheduled_at: dict[int, tuple[float, bool, int, int]] = field(default_factory=dict)
+    last_output_at: float = 0.0
+    learning_before: bool = False
+
+    def shift(self, seconds: float) -> None:
+        """Moves the clock on by a pause of ``seconds`` (a benchmark's pause between runs), so
+        that the step in flight across the pause is timed as if there had been none."""
+        self.scheduled_at = {key: (at + seconds, *rest)
+                             for key, (at, *rest) in self.scheduled_at.items()}
+        self.last_output_at += seconds
+
+
+def scheduler_policy(scheduler: Scheduler) -> ChunkPolicy | None:
+    """The scheduler's SCV policy, or None when SCV is off."""
     return getattr(scheduler, POLICY_ATTR, None)
+
+
+def step_clock(scheduler: Scheduler) -> StepClock | None:
+    """The scheduler's SCV step clock, or None when SCV is off."""
+    return getattr(scheduler, CLOCK_ATTR, None)
 
 
 def scheduler_of(llm) -> Scheduler:
@@ -65,13 +94,13 @@ def scheduler_of(llm) -> Scheduler:
 
 def policy_of(llm) -> ChunkPolicy | None:
     """SCV's policy in an in-process engine (:func:`scheduler_of`); None when SCV is off."""
-    return _policy(scheduler_of(llm))
+    return scheduler_policy(scheduler_of(llm))
 
 
 def _wrap_init(init):
     def wrapper(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        config = config_from_additional(self.vllm_config.additional_config)
+        config = plugin_config(self.vllm_config)
         policy = None
         if config.scv != "off" and self.num_spec_tokens > 0:
             method = self.vllm_config.speculative_config.method
@@ -91,10 +120,7 @@ def _wrap_init(init):
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
                         settings.max_chunk)
         setattr(self, POLICY_ATTR, policy)
-        # id(scheduler_output): (time scheduled, learning, positions caught up, draft budget)
-        self._nwor_scheduled_at = {}
-        self._nwor_last_output_at = 0.0
-        self._nwor_learning_before = False
+        setattr(self, CLOCK_ATTR, None if policy is None else StepClock())
 
     return wrapper
 
@@ -122,7 +148,7 @@ def _mixed_graphs(vllm_config) -> bool:
 def _wrap_update_after_schedule(update_after_schedule):
     def wrapper(self, scheduler_output):
         update_after_schedule(self, scheduler_output)
-        policy = _policy(self)
+        policy = scheduler_policy(self)
         if policy is None:
             return
         _count_chunk_zero(self, policy, scheduler_output)
@@ -144,10 +170,11 @@ def _wrap_update_after_schedule(update_after_schedule):
                     frozenset(r for r, size in plan.items() if size))
         # A step planned to learn (ChunkPolicy.learning_step) and the next, which verifies its
         # drafts, owe the policy's ledger what they take over a plain step.
-        learning = policy.learning_step or self._nwor_learning_before
-        self._nwor_learning_before = policy.learning_step
-        self._nwor_scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning,
-                                                          policy.caught_up, budget)
+        clock = step_clock(self)
+        learning = policy.learning_step or clock.learning_before
+        clock.learning_before = policy.learning_step
+        clock.scheduled_at[id(scheduler_output)] = (time.perf_counter(), learning,
+                                                    policy.caught_up, budget)
 
     return wrapper
 
@@ -172,7 +199,7 @@ def _wrap_async_update_after_schedule(update_after_schedule):
         # The base method (patched above) plans and sets the budget; the placeholders it
         # sizes are then cut to each request's chunk.
         update_after_schedule(self, scheduler_output)
-        policy = _policy(self)
+        policy = scheduler_policy(self)
         if policy is not None:
             _cut_drafts(self, policy)
 
@@ -182,7 +209,7 @@ def _wrap_async_update_after_schedule(update_after_schedule):
 def _wrap_update_draft_token_ids(update_draft_token_ids):
     def wrapper(self, draft_token_ids):
         update_draft_token_ids(self, draft_token_ids)
-        policy = _policy(self)
+        policy = scheduler_policy(self)
         if policy is not None:
             _cut_drafts(self, policy)
 
@@ -198,7 +225,7 @@ def _cut_drafts(scheduler: Scheduler, policy: ChunkPolicy) -> None:
 
 def _wrap_update_from_output(update_from_output):
     def wrapper(self, scheduler_output, model_runner_output):
-        policy = _policy(self)
+        policy = scheduler_policy(self)
         if policy is not None:
             _observe(self, policy, scheduler_output, model_runner_output)
         return update_from_output(self, scheduler_output, model_runner_output)
@@ -231,9 +258,10 @@ def _observe(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output,
     # in the batch queue until the engine steps again, the next run seconds later (the GPU
     # showed such "steps" of 0.2-18 s in the cost model's window).
     now = time.perf_counter()
-    scheduled, learning, caught_up, budget = scheduler._nwor_scheduled_at.pop(
+    clock = step_clock(scheduler)
+    scheduled, learning, caught_up, budget = clock.scheduled_at.pop(
         id(scheduler_output), (None, False, 0, 0))
-    previous, scheduler._nwor_last_output_at = scheduler._nwor_last_output_at, now
+    previous, clock.last_output_at = clock.last_output_at, now
     live = any(r in scheduler.requests for r in scheduler_output.num_scheduled_tokens)
     if scheduled is not None and sampled and live:
         tokens = scheduler_output.num_scheduled_tokens.values()

@@ -5,9 +5,8 @@ all have ``1 + k`` tokens (``uniform_decode_query_len``), in sizes that are mult
 ``1 + k``. SCV's draft budget ``D`` varies from step to step, so a batch where every request
 verifies ``D < k`` drafts (``1 + D`` tokens each; ``D = 0`` is plain decoding) is uniform but
 not vLLM's shape, and the target model runs PIECEWISE: attention and the KV update leave the
-graph, 32 layers of them each step. Measured on an H200
-(``benchmarks/results/scv_step_profile_2026-11-21_h200.json``): at batch 1 a chunk-0 step took
-about twice as long as the same step without speculation.
+graph, every layer each step: at small batches a chunk-0 step then costs far more than the
+same step without speculation (docs/scv.md).
 
 When SCV is on and vLLM resolved FULL decode graphs (``FULL_AND_PIECEWISE``), this captures FULL
 decode graphs for every query length ``q`` from 1 to ``min(1 + scv_chunk_size, k)``, next to
@@ -30,8 +29,8 @@ from vllm.config import CUDAGraphMode
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
 from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.settings import plugin_config
 
 logger = get_logger(__name__)
 
@@ -59,7 +58,7 @@ def decode_query_len(runner: GPUModelRunner, query_len: int):
 
 def _query_lens(runner: GPUModelRunner) -> range:
     """The query lengths SCV's uniform batches can have besides vLLM's ``1 + k``."""
-    config = config_from_additional(runner.vllm_config.additional_config)
+    config = plugin_config(runner.vllm_config)
     k = runner.uniform_decode_query_len - 1
     return range(1, min(1 + (config.scv_chunk_size or k), k) + 1)
 
@@ -67,7 +66,7 @@ def _query_lens(runner: GPUModelRunner) -> range:
 def _wanted(runner: GPUModelRunner) -> bool:
     mode = runner.compilation_config.cudagraph_mode
     return (
-        config_from_additional(runner.vllm_config.additional_config).scv != "off"
+        plugin_config(runner.vllm_config).scv != "off"
         and runner.uniform_decode_query_len > 1
         and mode.separate_routine()
         and mode.decode_mode() == CUDAGraphMode.FULL

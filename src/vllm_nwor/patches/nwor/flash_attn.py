@@ -3,9 +3,9 @@
 In a staged verify step:
 
 - before the first layer, one launch plans the step's scratch blocks
-  (:mod:`vllm_nwor.kernels.scratch`): the slots through which each drafting request's rows go to
-  its scratch blocks (blocks the scheduler never hands out) instead of its own, a copy of vLLM's
-  block table in which its last blocks are those scratch blocks, and the committed tokens
+  (:mod:`vllm_nwor.nwor.kernels.scratch`): the slots through which each drafting request's rows
+  go to its scratch blocks (blocks the scheduler never hands out) instead of its own, a copy of
+  vLLM's block table in which its last blocks are those scratch blocks, and the committed tokens
   sharing the first of them copied there for every layer;
 - ``do_kv_cache_update``, per layer: vLLM's own ``reshape_and_cache_flash``, through those slots.
   No launch is added, and no row of a drafting request reaches a block the scheduler gave it;
@@ -34,14 +34,14 @@ from vllm.forward_context import get_forward_context
 from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_nwor.nwor.staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
 from vllm_nwor.patches._patch import Patch, original
-from vllm_nwor.patches.model_runner import (
-    INTERCEPTOR_ATTR,
+from vllm_nwor.patches.nwor.binding import (
+    interceptor_of,
     refuse_unsupported,
     staged_binding,
     wrap_kv_cache_update,
 )
-from vllm_nwor.staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
 
 
 def _split_cache(impl, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +151,7 @@ def _wrap_forward(forward):
 
 def _wrap_capture_model(capture_model):
     def wrapper(self, *args, **kwargs):
-        interceptor = getattr(self, INTERCEPTOR_ATTR, None)
+        interceptor = interceptor_of(self)
         if interceptor is None:
             return capture_model(self, *args, **kwargs)
         interceptor.capturing = True

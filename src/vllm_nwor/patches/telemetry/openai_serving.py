@@ -3,7 +3,7 @@
 Applied when the front end builds an ``AsyncLLM`` (``telemetry_frontend.py``), so engine-core
 and worker processes never import the server's modules.
 
-Each wrapper runs the original and only adds fields (see ``vllm_nwor.responses``); with
+Each wrapper runs the original and only adds fields (see ``vllm_nwor.telemetry.responses``); with
 telemetry off it hands straight through. The final ``RequestOutput``\\s already carry the data
 (``NworCompletionOutput``, ``telemetry_frontend.py``): the non-streaming wrappers read them from
 the original's inputs, the streaming ones watch the results stream into the original.
@@ -19,8 +19,8 @@ from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.patches.telemetry_frontend import telemetry_on
-from vllm_nwor.responses import StreamAnnotator, annotate_response
+from vllm_nwor.patches.telemetry.frontend import telemetry_on
+from vllm_nwor.telemetry.responses import StreamAnnotator, annotate_response
 
 _ON_ATTR = "_nwor_telemetry_on"
 

@@ -38,11 +38,11 @@ from vllm.v1.metrics.loggers import AggregateStatLoggerBase, StatLoggerManager
 from vllm.v1.serial_utils import MsgpackDecoder
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import config_from_additional
-from vllm_nwor.metrics import TelemetryLog, TelemetryMetrics
 from vllm_nwor.patches._patch import Patch
-from vllm_nwor.patches.telemetry_engine import NworEngineCoreOutputs
-from vllm_nwor.telemetry import RequestSpecDecodeMetrics
+from vllm_nwor.patches.settings import plugin_config
+from vllm_nwor.patches.telemetry.engine import NworEngineCoreOutputs
+from vllm_nwor.telemetry.metrics import TelemetryLog, TelemetryMetrics
+from vllm_nwor.telemetry.spec_decode import RequestSpecDecodeMetrics
 
 logger = get_logger(__name__)
 
@@ -60,7 +60,7 @@ def telemetry_on(vllm_config: Any) -> bool:
     """Whether this engine reports acceptance lengths (telemetry on, speculative decoding on)."""
     if vllm_config is None or vllm_config.speculative_config is None:
         return False
-    return config_from_additional(vllm_config.additional_config).telemetry
+    return plugin_config(vllm_config).telemetry
 
 
 class FrontendTelemetry:

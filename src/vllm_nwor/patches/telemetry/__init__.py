@@ -1,0 +1,2 @@
+"""Telemetry patches: per-request acceptance lengths from the scheduler to outputs, responses and
+/metrics (docs/telemetry.md)."""
