@@ -134,17 +134,34 @@ def test_an_attention_feature_nwor_cannot_serve_is_refused_naming_it(tiny_models
         assert fragment in message, message
 
 
-@pytest.mark.parametrize("key", ["tensor_parallel_size", "data_parallel_size"])
-def test_parallel_sizes_other_than_one_are_refused_naming_the_setting(tiny_models, key):
-    """Refused in the front end, before any engine process starts: NWOR has not been verified
-    across ranks."""
+def test_data_parallelism_is_refused_naming_the_setting(tiny_models):
+    """Refused in the front end, before any engine process starts: one scheduler per replica
+    is not verified."""
     from vllm.engine.arg_utils import EngineArgs
 
     target, _ = tiny_models
-    args = EngineArgs(model=target, skip_tokenizer_init=True, **{key: 2},
+    args = EngineArgs(model=target, skip_tokenizer_init=True, data_parallel_size=2,
                       speculative_config=spec_config("ngram", nwor=True))
-    with pytest.raises(NworConfigError, match=f"supports {key}=1 only, got 2"):
+    with pytest.raises(NworConfigError, match="supports data_parallel_size=1 only, got 2"):
         args.create_engine_config()
+
+
+@pytest.mark.parametrize("sizes, on_cpu, refused", [
+    ({"tensor_parallel_size": 2}, True, None),  # verified: tests/engine/test_tensor_parallel.py
+    ({"tensor_parallel_size": 2}, False, "verified on vLLM's CPU engine only so far, not on 'H'"),
+    ({"tensor_parallel_size": 1}, False, None),
+    ({"pipeline_parallel_size": 2}, True, "supports pipeline_parallel_size=1 only, got 2"),
+    ({"data_parallel_size": 2}, False, "supports data_parallel_size=1 only, got 2"),
+])
+def test_parallelism_refused_where_not_verified(sizes, on_cpu, refused):
+    from types import SimpleNamespace
+
+    from vllm_nwor.patches.engine_args import unsupported_parallelism
+
+    config = SimpleNamespace(**({"tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+                                 "data_parallel_size": 1} | sizes))
+    message = unsupported_parallelism(config, on_cpu, "H")
+    assert (message is None) if refused is None else (refused in message), message
 
 
 @pytest.mark.parametrize("partition, splitting_ops, mode, refused", [

@@ -15,6 +15,7 @@ the commit, so every consumer (NWOR, the drafter, the scheduler) sees the same v
 from __future__ import annotations
 
 import torch
+from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -181,15 +182,37 @@ def _request_rates(runner: GPUModelRunner, num_reqs: int) -> torch.Tensor:
     return host.to(runner.device, non_blocking=True)
 
 
+def _one_verdict(sampler_output) -> None:
+    """Under tensor parallelism, every rank takes the first rank's verdict.
+
+    Each rank samples on its own copy of the all-gathered logits, and the scheduler sees the
+    first rank's result. Every rank commits its own heads, so all must commit the same prefix;
+    rather than trust that their samplers agree (a seeded draw, the synthetic thinning, or a
+    reduction that rounds differently on one rank would break it), the accepted tokens are
+    broadcast from the first rank before any consumer on any rank reads them: NWOR's commit,
+    the drafter and vLLM's bookkeeping. One small collective per verify step.
+    """
+    group = get_tp_group()
+    if group.world_size == 1:
+        return
+    sampled = sampler_output.sampled_token_ids.contiguous()
+    sampler_output.sampled_token_ids = group.broadcast(sampled, src=0)
+
+
 def _wrap_sample(sample):
     def wrapper(self, logits, spec_decode_metadata):
         sampler_output = sample(self, logits, spec_decode_metadata)
-        if spec_decode_metadata is not None and getattr(self, SYNTHETIC_ATTR, False):
+        if spec_decode_metadata is None:
+            return sampler_output
+        synthetic = getattr(self, SYNTHETIC_ATTR, False)
+        if synthetic:
             sampled = sampler_output.sampled_token_ids
             sampler_output.sampled_token_ids = thin_acceptance(
                 sampled, _request_rates(self, sampled.shape[0])
             )
         interceptor = interceptor_of(self)
+        if interceptor is not None or synthetic:  # the same on every rank: one collective
+            _one_verdict(sampler_output)
         if interceptor is not None and interceptor.step is not None:
             interceptor.commit(sampler_output.sampled_token_ids)
         return sampler_output
