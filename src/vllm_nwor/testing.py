@@ -12,6 +12,8 @@ No machine here can reach a model hub.
   with the target sometimes and not at other times: drafts are accepted and rejected.
 - ``held_out_prompt_ids`` and ``long_run_pair`` set the pair up for generations far past its 256
   trained positions (docs/draft_window.md).
+- ``write_bigram_eagle_pair`` writes a target and an EAGLE (or EAGLE-3) head for it on the
+  spot, built so that EAGLE drafts are accepted sometimes and rejected at other times.
 - ``SpecStepRecorder`` records each request's chunk sizes and acceptance lengths from an
   in-process engine's scheduler.
 """
@@ -217,3 +219,72 @@ class SpecStepRecorder:
         by_caller_id = {req_id[:-9]: s for req_id, s in steps.items() if req_id[-9:-8] == "-"}
         return [steps.get(o.request_id) or by_caller_id.get(o.request_id) or RequestSteps()
                 for o in outputs]
+
+
+def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int = 0,
+                            eagle3: bool = False) -> tuple[str, str]:
+    """Writes a target whose next token depends on the current token only, and an EAGLE head
+    for it; returns ``(target, head)``.
+
+    The target is a random tiny Llama (vocab 512, hidden 128, 3 layers, head dim 32, GQA 2)
+    with every ``o_proj`` and ``down_proj`` zeroed: each layer passes its input through, so the
+    logits are a function of the current token's embedding. The EAGLE-1 head's ``fc`` maps
+    ``[embedding, hidden]`` to the embedding (plus ``noise``), and its layer is the target's
+    first (the identity too): with ``noise`` 0 it drafts what the target will say, and with
+    0.03 it is right about one time in six on this target (real rejections, greedy, no synthetic
+    acceptance).
+
+    With ``eagle3``, the head is an EAGLE-3 head (``LlamaForCausalLMEagle3``) of random
+    weights instead: it almost never drafts the target's token.
+    """
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = Path(root)
+    target_dir, head_dir = root / "target", root / ("eagle3" if eagle3 else "eagle")
+    torch.manual_seed(seed)
+    hidden = 128
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        initializer_range=0.5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+    )
+    model = LlamaForCausalLM(config)
+    weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    for name, tensor in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor.zero_()
+    model.load_state_dict(weights)
+    model.save_pretrained(target_dir)
+    head_dir.mkdir(parents=True, exist_ok=True)
+    head_config = json.loads((target_dir / "config.json").read_text())
+    head_config["num_hidden_layers"] = 1
+    if eagle3:
+        head_config |= {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 512}
+        generator = torch.Generator().manual_seed(seed + 1)
+        layer = {name.removeprefix("model.layers.0."): tensor
+                 for name, tensor in weights.items() if name.startswith("model.layers.0.")}
+        head = {
+            "fc.weight": torch.randn(hidden, 3 * hidden, generator=generator) * 0.05,
+            "norm.weight": torch.ones(hidden),
+            "lm_head.weight": weights["lm_head.weight"].clone(),
+            "midlayer.hidden_norm.weight": torch.ones(hidden),
+            "midlayer.input_layernorm.weight": torch.ones(hidden),
+            "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+        }
+        for proj in ("q_proj", "k_proj", "v_proj"):  # EAGLE-3 attends over [embedding, hidden]
+            out_features = layer[f"self_attn.{proj}.weight"].shape[0]
+            head[f"midlayer.self_attn.{proj}.weight"] = torch.randn(
+                out_features, 2 * hidden, generator=generator) * 0.05
+        for name in ("self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                     "mlp.down_proj.weight"):
+            head[f"midlayer.{name}"] = torch.randn(layer[name].shape, generator=generator) * 0.05
+    else:
+        fc = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+        head = {"fc.weight": fc + noise * torch.randn(fc.shape)}
+        head |= {name.removeprefix("model."): tensor.clone() for name, tensor in weights.items()
+                 if name.startswith("model.layers.0.") and "input_layernorm" not in name}
+    save_file({k: v.contiguous() for k, v in head.items()}, head_dir / "model.safetensors",
+              metadata={"format": "pt"})
+    (head_dir / "config.json").write_text(json.dumps(head_config, indent=2))
+    return str(target_dir), str(head_dir)

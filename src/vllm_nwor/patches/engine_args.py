@@ -94,7 +94,7 @@ def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
         raise NworConfigError(
             f"{runner_features} needs vLLM's V1 model runner, but speculative method "
             f"{speculative.method!r} runs on the V2 runner here; set "
-            "VLLM_USE_V2_MODEL_RUNNER=0 (supported methods: ngram, draft_model)"
+            "VLLM_USE_V2_MODEL_RUNNER=0 (on the V1 runner: ngram, draft_model, eagle, eagle3)"
         )
     k = speculative.num_speculative_tokens
     if config.scv_chunk_size is not None and config.scv_chunk_size > k:

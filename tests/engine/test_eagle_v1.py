@@ -1,0 +1,73 @@
+"""NWOR with EAGLE and EAGLE-3 drafting on vLLM's V1 model runner (the CPU engine's only runner;
+on a GPU, ``VLLM_USE_V2_MODEL_RUNNER=0``).
+
+The target stages and commits as with any other drafter; the EAGLE head's own layers keep
+vLLM's plain write. EAGLE runs on a pair built to reject (``write_bigram_eagle_pair``: a target
+whose next token depends on the current one, and a head that is right about one time in six);
+EAGLE-3 on a random head, which rejects nearly everything. Each engine pair: NWOR off then on,
+greedy tokens identical (logprobs to the CPU reference's rounding), the cache audited after
+every step (on the NWOR-off engine too, where it must find the rejected drafts vLLM wrote),
+NWOR's counters equal to vLLM's spec-decode stats.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
+from engine_utils import PROMPTS, engine, spec_decode_stats, target_layers
+from vllm import SamplingParams
+
+import vllm_nwor
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    from vllm_nwor.testing import write_bigram_eagle_pair
+
+    root = tmp_path_factory.mktemp("eagle")
+    return {"eagle": write_bigram_eagle_pair(root, noise=0.03),
+            "eagle3": write_bigram_eagle_pair(root, eagle3=True)}
+
+
+def _run(pair: tuple[str, str], method: str, nwor: bool) -> dict:
+    target, head = pair
+    speculative = {"method": method, "model": head, "num_speculative_tokens": 3}
+    if nwor:
+        speculative["nwor"] = True
+    with engine(target, speculative) as llm:
+        block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        audit = CacheAudit(runner_of(llm), target_layers(llm), read_cpu_attn_tokens, block_size)
+        params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=1)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                               use_tqdm=False)
+        return {
+            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            "logprobs": [[step[t].logprob for t, step in
+                          zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
+                         for o in outputs],
+            "stats": spec_decode_stats(llm),
+            "counters": vllm_nwor.get_counters(llm),
+            "audit": audit,
+        }
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_nwor_with_eagle_gives_vllms_tokens(pairs, method):
+    off = _run(pairs[method], method, nwor=False)
+    on = _run(pairs[method], method, nwor=True)
+    assert on["tokens"] == off["tokens"]
+    for a, b in zip(on["logprobs"], off["logprobs"], strict=True):
+        assert a == pytest.approx(b, abs=1e-3)
+    drafted, accepted = on["stats"]
+    assert on["stats"] == off["stats"]
+    counters = on["counters"]
+    assert counters.fallbacks == {}
+    assert (counters.tokens_staged, counters.tokens_committed) == (drafted, accepted)
+    assert drafted - accepted > 0, "the run must reject drafts"
+    if method == "eagle":
+        assert accepted > 0, "the bigram pair's head is sometimes right"
+    audit = on["audit"]
+    assert audit.rejected_drafts == drafted - accepted and audit.checked_tokens > 0
+    assert audit.violations == []
+    # The audit's negative control: vLLM's plain write (NWOR off) leaves rejected drafts behind.
+    assert any("beyond the committed length" in v for v in off["audit"].violations)
