@@ -254,8 +254,7 @@ def ablate(names: list[str]) -> None:
     from vllm_nwor.scv import ChunkPolicy
 
     def plan_zero(self, req_ids, **kwargs):
-        self._plan, self._budget, self._cuts = dict.fromkeys(req_ids, 0), 0, []
-        return self._plan
+        return self.plan_chunk_zero(req_ids)
 
     patches = {"plan": (ChunkPolicy, "plan", plan_zero),
                "record": (LazyDraftSync, "record_skipped_step", lambda self, runner: None),

@@ -953,3 +953,19 @@ def test_settings_are_checked():
         ScvSettings("sometimes", K, 4, 4)
     with pytest.raises(ValueError):
         ScvSettings("adaptive", K, 0, 4)
+
+
+def test_plan_chunk_zero_holds_every_request_at_zero_without_choosing():
+    """The benchmarks' ``plan`` ablation: a plan of zeros, the budget and cuts cleared, the
+    policy's own choice never made."""
+    policy = ChunkPolicy(ScvSettings("adaptive", K, 4, 16))
+    policy._choose = lambda req_ids, rows, remaining: np.array([2, 1])
+    policy.plan(["a", "b"])
+    assert policy.draft_budget() == 2 and policy.current_plan() == {"a": 2, "b": 1}
+
+    def never(*args):
+        raise AssertionError("plan_chunk_zero must not choose")
+
+    policy._choose = never
+    assert policy.plan_chunk_zero(["a", "b"]) == {"a": 0, "b": 0}
+    assert policy.draft_budget() == 0 and policy.cuts() == []

@@ -204,6 +204,14 @@ class ChunkPolicy:
         self.uniform_plans += int(sizes.min(initial=budget)) == budget
         return self._plan
 
+    def plan_chunk_zero(self, req_ids: Sequence[str]) -> dict[str, int]:
+        """Chunk 0 for every request of ``req_ids``, without choosing and without recording:
+        what :meth:`plan` returns when it holds every request at chunk 0, at none of its cost.
+        For measuring what planning costs (the benchmarks' ``plan`` ablation), not for serving:
+        no request ever comes back to drafting through it."""
+        self._plan, self._budget, self._cuts = dict.fromkeys(req_ids, 0), 0, []
+        return self._plan
+
     def _follow_draft_sync(self, drafted_rows: np.ndarray, scheduled: Mapping[str, int]) -> int:
         """Each request's positions behind after this step, as the lazy draft sync keeps them:
         at budget 0 every request skips this step's tokens; otherwise the drafted (their rows:
