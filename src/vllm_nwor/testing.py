@@ -222,17 +222,18 @@ class SpecStepRecorder:
 
 
 def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int = 0,
-                            eagle3: bool = False) -> tuple[str, str]:
+                            eagle3: bool = False, hidden_size: int = 128, num_heads: int = 4,
+                            num_kv_heads: int = 2) -> tuple[str, str]:
     """Writes a target whose next token depends on the current token only, and an EAGLE head
     for it; returns ``(target, head)``.
 
-    The target is a random tiny Llama (vocab 512, hidden 128, 3 layers, head dim 32, GQA 2)
-    with every ``o_proj`` and ``down_proj`` zeroed: each layer passes its input through, so the
-    logits are a function of the current token's embedding. The EAGLE-1 head's ``fc`` maps
-    ``[embedding, hidden]`` to the embedding (plus ``noise``), and its layer is the target's
-    first (the identity too): with ``noise`` 0 it drafts what the target will say, and with
-    0.03 it is right about one time in six on this target (real rejections, greedy, no synthetic
-    acceptance).
+    The target is a random tiny Llama (vocab 512, 3 layers; by default hidden 128, head dim 32,
+    GQA 2; FlashAttention on a GPU wants head dims of 64 or more) with every ``o_proj`` and
+    ``down_proj`` zeroed: each layer passes its input through, so the logits are a function of
+    the current token's embedding. The EAGLE-1 head's ``fc`` maps ``[embedding, hidden]`` to the
+    embedding (plus ``noise``), and its layer is the target's first (the identity too): with
+    ``noise`` 0 it drafts what the target will say, and with 0.03 it is right about one time in
+    six on the default shape (real rejections, greedy, no synthetic acceptance).
 
     With ``eagle3``, the head is an EAGLE-3 head (``LlamaForCausalLMEagle3``) of random
     weights instead: it almost never drafts the target's token.
@@ -243,10 +244,11 @@ def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int 
     root = Path(root)
     target_dir, head_dir = root / "target", root / ("eagle3" if eagle3 else "eagle")
     torch.manual_seed(seed)
-    hidden = 128
+    hidden = hidden_size
     config = LlamaConfig(
         vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=hidden // num_heads, max_position_embeddings=2048,
         initializer_range=0.5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
     )
     model = LlamaForCausalLM(config)
