@@ -100,11 +100,11 @@ def metric_values(llm) -> dict[str, float]:
     return values
 
 
-def run_probe(script: str, target: str, env: dict[str, str], timeout: int) -> dict:
-    """Runs ``script`` (a probe beside these tests) on ``target`` in a fresh process; returns
+def run_probe(script: str, args: list[str], env: dict[str, str], timeout: int) -> dict:
+    """Runs ``script`` (a probe beside these tests) with ``args`` in a fresh process; returns
     the JSON of its last ``SUMMARY`` line."""
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / script), target],
+        [sys.executable, str(Path(__file__).parent / script), *args],
         cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=timeout,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]

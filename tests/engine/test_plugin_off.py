@@ -20,7 +20,7 @@ def _run(target: str, load_plugins: bool) -> dict:
         env.pop("VLLM_PLUGINS", None)
     else:
         env["VLLM_PLUGINS"] = ""
-    return run_probe("plugin_off_probe.py", target, env, timeout=600)
+    return run_probe("plugin_off_probe.py", [target], env, timeout=600)
 
 
 @pytest.fixture(scope="module")

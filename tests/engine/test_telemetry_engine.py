@@ -23,7 +23,7 @@ RUNS = ("telemetry_only_mp", "nwor_inproc")
 def runs(tiny_models) -> dict:
     target, _ = tiny_models
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    return run_probe("telemetry_probe.py", target, env, timeout=400)
+    return run_probe("telemetry_probe.py", [target], env, timeout=400)
 
 
 def totals(run: dict) -> dict[str, int]:

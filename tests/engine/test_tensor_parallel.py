@@ -10,9 +10,7 @@ and logprobs, both ranks' counters are equal, and they equal vLLM's spec-decode 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 
 import soak_audit  # noqa: E402
+from engine_utils import run_probe  # noqa: E402
 
 
 def _cpus() -> list[int]:
@@ -40,12 +39,7 @@ def _run(models: tuple[str, str], nwor: str, site: Path, audit_dir: Path | None)
     env.pop(soak_audit.ENV_DIR, None)
     if audit_dir is not None:
         env[soak_audit.ENV_DIR] = str(audit_dir)
-    here = Path(__file__).parent
-    proc = subprocess.run([sys.executable, str(here / "tp_probe.py"), *models, nwor], cwd=here,
-                          env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("SUMMARY "))
+    return run_probe("tp_probe.py", [*models, nwor], env, timeout=900)
 
 
 @pytest.fixture(scope="module")
