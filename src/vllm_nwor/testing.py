@@ -221,6 +221,29 @@ class SpecStepRecorder:
                 for o in outputs]
 
 
+def write_mimo_mtp_config(root: str | Path, *, hidden_size: int = 256, num_heads: int = 4,
+                          num_kv_heads: int = 2, num_layers: int = 2,
+                          vocab_size: int = 512) -> str:
+    """Writes the config of a tiny MiMo model (``MiMoForCausalLM``: a Qwen2 decoder with one MTP
+    layer); returns its directory. Load it with ``load_format="dummy"`` and draft with
+    ``{"method": "mtp"}``. MiMo is the dense model with an MTP layer that vLLM 0.26 runs on its
+    V2 runner with FLASH_ATTN (the other MTP models are MoE, hybrid, MLA or multimodal)."""
+    target = Path(root) / "mimo"
+    target.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "vocab_size": vocab_size,
+        "hidden_size": hidden_size, "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads, "head_dim": hidden_size // num_heads,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "use_sliding_window": False,
+        "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+        "bos_token_id": 0, "eos_token_id": 1,
+    }
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return str(target)
+
+
 def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int = 0,
                             eagle3: bool = False, hidden_size: int = 128, num_heads: int = 4,
                             num_kv_heads: int = 2) -> tuple[str, str]:

@@ -43,8 +43,19 @@ def runner_of(llm):
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
+def is_v2_runner(runner) -> bool:
+    """Whether ``runner`` is vLLM's V2 model runner (request state on the GPU, no input_batch)."""
+    return hasattr(runner, "req_states")
+
+
 class CacheAudit:
-    """Audits ``runner`` (a V1 model runner) from now on; ``layers`` are its target layers."""
+    """Audits ``runner`` (vLLM's V1 or V2 model runner) from now on; ``layers`` are its target
+    layers.
+
+    The V1 runner keeps each request's blocks and computed tokens on the host. The V2 runner
+    keeps them on the GPU: the audit follows each request's blocks from the scheduler outputs
+    and reads its KV length (``num_computed_tokens``, advanced by the accepted tokens after
+    rejection sampling) from the runner's request states."""
 
     def __init__(self, runner, layers: list, read_tokens: ReadTokens, block_size: int) -> None:
         self.runner = runner
@@ -56,6 +67,9 @@ class CacheAudit:
         self.drafted = self.accepted = self.rejected_drafts = 0
         self.checked_tokens = 0
         self.violations: list[str] = []
+        self.v2 = is_v2_runner(runner)
+        self.block_ids: dict[str, list[int]] = {}  # V2: each request's blocks
+        self.scheduler_output = None  # V2: the step's
         execute_model = self.runner.execute_model
         sample_tokens = self.runner.sample_tokens
         self.runner.execute_model = lambda out, *a, **kw: self._fill_new_blocks(
@@ -75,9 +89,28 @@ class CacheAudit:
                                            else 0:]
         for layer in self.layers:
             layer.kv_cache[new_blocks] = SENTINEL
+        if self.v2:
+            self._follow_blocks(scheduler_output)
         return execute_model(scheduler_output, *args, **kwargs)
 
+    def _follow_blocks(self, scheduler_output) -> None:
+        for rid in scheduler_output.finished_req_ids:
+            self.block_ids.pop(rid, None)
+        for req in scheduler_output.scheduled_new_reqs:
+            self.block_ids[req.req_id] = list(req.block_ids[0])
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid, block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            if block_ids is None:
+                continue
+            if rid in cached.resumed_req_ids:
+                self.block_ids[rid] = list(block_ids[0])
+            else:
+                self.block_ids.setdefault(rid, []).extend(block_ids[0])
+        self.scheduler_output = scheduler_output
+
     def _step(self, sample_tokens, *args, **kwargs):
+        if self.v2:
+            return self._step_v2(sample_tokens, *args, **kwargs)
         runner = self.runner
         scheduler_output = runner.execute_model_state.scheduler_output
         batch = runner.input_batch
@@ -100,11 +133,33 @@ class CacheAudit:
         self._check(kv_lens)
         return output
 
+    def _step_v2(self, sample_tokens, *args, **kwargs):
+        scheduler_output, self.scheduler_output = self.scheduler_output, None
+        output = sample_tokens(*args, **kwargs)
+        if scheduler_output is None:  # the model did not run
+            return output
+        result = output.get_output() if hasattr(output, "get_output") else output
+        states = self.runner.req_states
+        kv_lens = {}
+        for index, rid in enumerate(result.req_ids):
+            drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
+            sampled = result.sampled_token_ids[index]
+            accepted = len(sampled) - 1 if drafts and len(sampled) else 0
+            self.drafted += drafts
+            self.accepted += accepted
+            self.rejected_drafts += drafts - accepted if drafts else 0
+            kv_lens[rid] = int(states.num_computed_tokens.gpu[states.req_id_to_index[rid]])
+        self._check(kv_lens)
+        return output
+
+    def _blocks_of(self, rid: str) -> list[int]:
+        return self.block_ids[rid] if self.v2 else self.runner.requests[rid].block_ids[0]
+
     def _check(self, kv_lens: dict[str, int]) -> None:
         """One read per layer over every request's blocks; compared on the cache's device."""
         if not kv_lens:
             return
-        blocks = [self.runner.requests[rid].block_ids[0] for rid in kv_lens]
+        blocks = [self._blocks_of(rid) for rid in kv_lens]
         block_ids = torch.tensor([b for ids in blocks for b in ids], dtype=torch.long)
         capacity = len(block_ids) * self.block_size
         for layer in self.layers:

@@ -25,8 +25,8 @@ PROMPTS = [
 def spec_config(method: str, draft_path: str | None = None, k: int = 3, **extra) -> dict:
     if method == "ngram":
         config = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    elif method == "draft_model":
-        config = {"method": "draft_model", "model": draft_path}
+    elif method in ("draft_model", "eagle", "eagle3"):
+        config = {"method": method, "model": draft_path}
     else:
         raise ValueError(method)
     return {**config, "num_speculative_tokens": k, **extra}

@@ -186,3 +186,44 @@ def test_piecewise_graphs_that_capture_the_kv_write_are_refused(partition, split
                              cudagraph_mode=CUDAGraphMode[mode])
     message = unsupported_compilation(config)
     assert (message is None) if refused is None else (refused in message), message
+
+
+RUNNER_CASES = [
+    *[(method, keys, refused) for method in ("ngram", "draft_model", "eagle", "eagle3")
+      for keys, refused in [({"nwor": True}, None), ({"nwor_telemetry": True}, None),
+                            ({"nwor": True, "scv": "adaptive"}, "'scv': 'adaptive'")]],
+    ("draft_model", {"draft_context_window": 64}, "'draft_context_window': 64"),
+]
+
+
+@pytest.mark.parametrize("runner", ["V1", "V2"])
+@pytest.mark.parametrize("method, keys, v2_refuses", RUNNER_CASES)
+def test_each_runner_and_method_pair_is_served_or_refused(tiny_models, tmp_path, monkeypatch,
+                                                          runner, method, keys, v2_refuses):
+    """NWOR and telemetry serve both of vLLM's runners; SCV and the draft context window need
+    V1. The CPU engine has no V2 runner, so the config is built here and then checked as vLLM
+    would see it with ``VLLM_USE_V2_MODEL_RUNNER`` set (vLLM reads it whenever it is asked)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_nwor.config import NworConfig
+    from vllm_nwor.patches.engine_args import check_engine_config
+    from vllm_nwor.testing import write_bigram_eagle_pair
+
+    target, draft = tiny_models
+    if method in ("eagle", "eagle3"):
+        target, draft = write_bigram_eagle_pair(tmp_path, eagle3=method == "eagle3")
+    vllm_config = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512,
+                             speculative_config=spec_config(method, draft)
+                             ).create_engine_config()
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "V2" else "0")
+    assert vllm_config.use_v2_model_runner == (runner == "V2")
+    config = NworConfig(**keys)
+    if runner == "V1" or v2_refuses is None:
+        check_engine_config(vllm_config, config)
+        return
+    with pytest.raises(NworConfigError) as err:
+        check_engine_config(vllm_config, config)
+    message = str(err.value)
+    for fragment in (v2_refuses, f"speculative method {method!r} runs on the V2 runner",
+                     "VLLM_USE_V2_MODEL_RUNNER=0", "'nwor' and 'nwor_telemetry'"):
+        assert fragment in message, message

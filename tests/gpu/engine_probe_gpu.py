@@ -5,7 +5,12 @@ speculative-config keys, plugin keys included), ``engine`` (extra LLM keyword ar
 ``audit`` (per-step cache audit), ``inject_every`` (fail every N-th commit; 0 = never),
 ``prompts`` (token lists; default PROMPTS), ``max_tokens``, ``draft_model_max_positions`` (a
 copy of the draft told it handles that many positions), ``draft_pass_every_step`` (keep vLLM's
-draft pass on chunk-0 steps: lazy draft sync off).
+draft pass on chunk-0 steps: lazy draft sync off), ``sampling`` (SamplingParams keys over the
+greedy default), ``v2`` (the engine must run vLLM's V2 model runner: EAGLE, EAGLE-3 and MTP on a
+dense model do by default; the test sets ``VLLM_USE_V2_MODEL_RUNNER=0`` for V1).
+
+Methods: ngram, ngram_gpu, draft_model, eagle and eagle3 (``draft`` is the head), mtp (the
+target's own MTP layer).
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from cache_audit import CacheAudit, read_flash_attn_tokens, runner_of  # noqa: E402
+from cache_audit import (  # noqa: E402
+    CacheAudit,
+    is_v2_runner,
+    read_flash_attn_tokens,
+    runner_of,
+)
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
@@ -55,6 +65,18 @@ def record_dispatches(runner) -> dict[str, int]:
     """Counts the target's graph modes by batch shape from now on: ``"<q>:<mode>"`` for uniform
     batches of ``q`` tokens per request, ``"mixed:<mode>"`` for the others."""
     counts: dict[str, int] = {}
+    if is_v2_runner(runner):  # V2: its CUDA-graph manager picks the descriptor
+        manager = runner.cudagraph_manager
+        dispatch = manager.dispatch
+
+        def recording_v2(num_reqs, num_tokens, uniform_token_count, *args, **kwargs):
+            desc = dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
+            key = f"{uniform_token_count or 'mixed'}:{desc.cg_mode.name}"
+            counts[key] = counts.get(key, 0) + 1
+            return desc
+
+        manager.dispatch = recording_v2
+        return counts
     determine = runner._determine_batch_execution_and_padding
     signature = inspect.signature(determine)
 
@@ -75,6 +97,10 @@ def main(spec: dict, out_path: str) -> None:
     audit, inject_every = spec.get("audit", False), spec.get("inject_every", 0)
     if spec["method"] in ("ngram", "ngram_gpu"):
         speculative = {"method": spec["method"], "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    elif spec["method"] == "mtp":
+        speculative = {"method": "mtp"}
+    elif spec["method"] in ("eagle", "eagle3"):
+        speculative = {"method": spec["method"], "model": spec["draft"]}
     else:
         draft = spec["draft"]
         if spec.get("draft_model_max_positions"):
@@ -85,11 +111,15 @@ def main(spec: dict, out_path: str) -> None:
         model=spec["target"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
         block_size=16, max_num_seqs=4, max_num_batched_tokens=64, gpu_memory_utilization=0.15,
         disable_log_stats=False, seed=0,
-        # The audit reads exact per-step KV lengths on the host, which async scheduling defers.
-        async_scheduling=False if audit else None,
+        # On V1 the audit reads exact per-step KV lengths on the host, which async scheduling
+        # defers (V2 keeps them on the GPU, where the audit reads them after each step).
+        async_scheduling=False if audit and not spec.get("v2") else None,
     )
     llm = LLM(speculative_config=speculative, **{**engine, **spec.get("engine", {})})
     runner = runner_of(llm)
+    if is_v2_runner(runner) != bool(spec.get("v2")):
+        raise RuntimeError(f"expected the {'V2' if spec.get('v2') else 'V1'} model runner, "
+                           f"got {type(runner).__module__}")
     if spec.get("draft_pass_every_step"):
         disable_lazy_draft_sync(runner)
     layers = attention_layers(runner.get_model())
@@ -106,8 +136,8 @@ def main(spec: dict, out_path: str) -> None:
 
         interceptor.commit_fn = flaky_commit
     dispatches = record_dispatches(runner)
-    params = SamplingParams(max_tokens=spec.get("max_tokens", 40), temperature=0.0,
-                            ignore_eos=True)
+    params = SamplingParams(**{"max_tokens": spec.get("max_tokens", 40), "temperature": 0.0,
+                               "ignore_eos": True, **spec.get("sampling", {})})
     prompts = spec.get("prompts", PROMPTS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     policy = policy_of(llm)
@@ -124,6 +154,10 @@ def main(spec: dict, out_path: str) -> None:
     lazy = lazy_draft_sync(runner)
     summary = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "logprobs": [[step[t].logprob for t, step in
+                      zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
+                     for o in outputs] if params.logprobs is not None else None,
+        "runner": type(runner).__module__,
         "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],
         "scv_budgets": policy.budget_counts if policy is not None else None,
         "draft_sync": {"skipped_steps": lazy.skipped_steps,
@@ -138,11 +172,13 @@ def main(spec: dict, out_path: str) -> None:
         # Blocks in the workers' cache, and in the scheduler's pool (NWOR keeps its scratch).
         "kv_blocks": {"cache": int(layers[0].kv_cache.shape[0]),
                       "scheduler": scheduler_of(llm).kv_cache_manager.block_pool.num_gpu_blocks},
-        "async_scheduling": bool(runner.use_async_scheduling),
+        "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "again": again,
         "audit": None if cache_audit is None else {
             "violations": cache_audit.violations[:20],
             "num_violations": len(cache_audit.violations),
+            "drafted": cache_audit.drafted,
+            "accepted": cache_audit.accepted,
             "rejected_drafts": cache_audit.rejected_drafts,
             "checked_tokens": cache_audit.checked_tokens,
         },

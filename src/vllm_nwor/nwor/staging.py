@@ -644,6 +644,12 @@ class NworInterceptor:
 
     # -- counters ----------------------------------------------------------------------------
 
+    def reset_counters(self) -> None:
+        """Zeroes the counters (after vLLM's start-up warm-up steps, which no scheduler saw)."""
+        self._steps = self._tokens_staged = self.graph_steps = 0
+        self._committed.zero_()
+        self._fallbacks.clear()
+
     def counters(self) -> NworCounters:
         """A snapshot (reads one device scalar)."""
         committed = int(self._committed.item())

@@ -11,6 +11,9 @@ chunks), ``telemetry/`` (acceptance lengths and metrics); ``engine_args`` (the p
 2. ``GPUModelRunner.initialize_kv_cache``: bind the interceptor to the target's attention layers.
 3. ``GPUModelRunner._prepare_inputs``: begin each verify step, once for all layers.
 4. ``GPUModelRunner._sample``: commit the accepted drafts after rejection sampling.
+4a. V2 runner (``vllm/v1/worker/gpu/model_runner.py``, EAGLE/EAGLE-3/MTP on dense models):
+    ``initialize_kv_cache`` (bind), ``prepare_inputs`` (begin), ``sample`` (commit, the
+    verdict built from ``num_sampled``), ``capture_model`` (as 9).
 5. ``CPUAttentionBackendImpl.do_kv_cache_update``: stage draft rows of bound layers.
 6. ``CPUAttentionBackendImpl.forward``: chunk-verify attention in staged steps (and no 2nd write).
 7. ``FlashAttentionImpl.do_kv_cache_update``: bound layers write through the scratch plan.
@@ -66,7 +69,14 @@ from vllm_nwor.patches._patch import Patch
 def all_patches() -> list[Patch]:
     """The patches applied when the plugin registers, in every process."""
     from vllm_nwor.patches import draft_window, engine_args
-    from vllm_nwor.patches.nwor import cpu_attn, engine_core, flash_attn, model_runner, worker
+    from vllm_nwor.patches.nwor import (
+        cpu_attn,
+        engine_core,
+        flash_attn,
+        model_runner,
+        model_runner_v2,
+        worker,
+    )
     from vllm_nwor.patches.scv import decode_graphs, draft_sync, ngram_gpu, scheduler
     from vllm_nwor.patches.telemetry import engine as telemetry_engine
     from vllm_nwor.patches.telemetry import frontend as telemetry_frontend
@@ -74,6 +84,7 @@ def all_patches() -> list[Patch]:
     return [
         *engine_args.PATCHES,
         *model_runner.PATCHES,
+        *model_runner_v2.PATCHES,
         *cpu_attn.PATCHES,
         *flash_attn.PATCHES,
         *engine_core.PATCHES,

@@ -118,6 +118,23 @@ def wrap_kv_cache_update(do_kv_cache_update):
     return wrapper
 
 
+def wrap_capture_model(capture_model):
+    """A model runner's ``capture_model`` (V1 or V2): while vLLM warms up and captures its CUDA
+    graphs, bound layers called with more than one token per request take the staged path."""
+
+    def wrapper(self, *args, **kwargs):
+        interceptor = interceptor_of(self)
+        if interceptor is None:
+            return capture_model(self, *args, **kwargs)
+        interceptor.capturing = True
+        try:
+            return capture_model(self, *args, **kwargs)
+        finally:
+            interceptor.capturing = False
+
+    return wrapper
+
+
 def interceptor_of(runner: Any) -> NworInterceptor | None:
     """The runner's interceptor: None when NWOR is off (or before its KV cache exists)."""
     return getattr(runner, INTERCEPTOR_ATTR, None)

@@ -37,9 +37,9 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_nwor.nwor.staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.nwor.binding import (
-    interceptor_of,
     refuse_unsupported,
     staged_binding,
+    wrap_capture_model,
     wrap_kv_cache_update,
 )
 
@@ -149,20 +149,6 @@ def _wrap_forward(forward):
     return wrapper
 
 
-def _wrap_capture_model(capture_model):
-    def wrapper(self, *args, **kwargs):
-        interceptor = interceptor_of(self)
-        if interceptor is None:
-            return capture_model(self, *args, **kwargs)
-        interceptor.capturing = True
-        try:
-            return capture_model(self, *args, **kwargs)
-        finally:
-            interceptor.capturing = False
-
-    return wrapper
-
-
 PATCHES = [
     Patch(
         fa.FlashAttentionImpl,
@@ -182,7 +168,7 @@ PATCHES = [
     Patch(
         GPUModelRunner,
         "capture_model",
-        _wrap_capture_model,
+        wrap_capture_model,
         why="While vLLM warms up and captures its CUDA graphs, bound layers called with more "
         "than one token per request take the staged path, so FULL graphs of verify batches "
         "stage drafts (NworInterceptor.stage_for_graph).",

@@ -1,0 +1,156 @@
+"""Runner patches for vLLM 0.26's V2 model runner (``vllm/v1/worker/gpu/model_runner.py``), where
+EAGLE, EAGLE-3 and MTP run on dense models by default. Per step it goes through::
+
+    execute_model:  prepare_inputs -> prepare_attn -> target forward (FULL graph, piecewise
+                    or eager; every layer: KV write, attention)
+    sample_tokens:  sample (rejection sampling) -> async output copy -> postprocess_sampled
+                    -> speculator.propose
+
+The attention side is the V1 runner's (V2 drives the same ``Attention`` layers and
+``FlashAttentionImpl``), so only the runner side differs:
+
+- bind once the KV cache exists (``initialize_kv_cache``; V2 has no profiling cache);
+- begin each verify step when ``prepare_inputs`` has placed the drafts (batch order, draft
+  counts and query starts are on the host there);
+- commit right after ``sample``: after the verdict, before ``postprocess_sampled`` advances the
+  requests and before the speculator runs. V2's sampled ids are not padded with -1 past each
+  request's ``num_sampled`` (those entries are uninitialised), so the verdict is built from
+  ``num_sampled`` on the device, with no host sync;
+- ``capture_model``: FULL graphs of verify batches are captured with the staged path;
+- ``warmup_kernels``: vLLM's start-up warm-up runs a real verify step through the runner (so
+  NWOR's kernels are compiled before the first request); NWOR's counters start after it.
+
+The speculator's own layers (EAGLE, EAGLE-3, MTP heads) are not bound: they keep vLLM's write.
+They read the target's hidden states, not its KV cache, and run after the commit.
+"""
+
+from __future__ import annotations
+
+import torch
+import vllm.v1.worker.gpu_worker as gpu_worker
+from vllm.distributed import get_tp_group
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+
+from vllm_nwor.config import NworConfigError
+from vllm_nwor.patches._patch import Patch
+from vllm_nwor.patches.nwor.binding import interceptor_of, wrap_capture_model
+from vllm_nwor.patches.nwor.model_runner import bind
+
+PLACEHOLDER = -1  # what the commit's verdict reads as "no token here" (V1's padding)
+
+
+def _wrap_initialize_kv_cache(initialize_kv_cache):
+    def wrapper(self, kv_cache_config):
+        initialize_kv_cache(self, kv_cache_config)
+        if getattr(self, "pcp_manager", None) is not None:
+            raise NworConfigError(
+                "'nwor': true does not support prefill context parallelism on the V2 model "
+                "runner; allowed: prefill_context_parallel_size=1")
+        bind(self)
+
+    return wrapper
+
+
+def _wrap_prepare_inputs(prepare_inputs):
+    def wrapper(self, scheduler_output, batch_desc):
+        input_batch = prepare_inputs(self, scheduler_output, batch_desc)
+        interceptor = interceptor_of(self)
+        if interceptor is not None:
+            num_reqs = input_batch.num_reqs
+            if not interceptor.begin_batch(input_batch.num_draft_tokens_per_req,
+                                           input_batch.query_start_loc_np[: num_reqs + 1],
+                                           self.device) and \
+                    num_reqs and input_batch.num_scheduled_tokens.max() > 1:
+                # A FULL graph captured with the staged path may replay: write every row.
+                interceptor.unstage_rows(input_batch.num_tokens)
+        return input_batch
+
+    return wrapper
+
+
+def verdict_ids(sampled: torch.Tensor, num_sampled: torch.Tensor) -> torch.Tensor:
+    """V2's sampled ids in V1's form: each row's entries past its ``num_sampled`` set to -1."""
+    positions = torch.arange(sampled.shape[1], device=sampled.device)
+    return torch.where(positions < num_sampled.unsqueeze(1), sampled, PLACEHOLDER)
+
+
+def _one_verdict(sampled: torch.Tensor, num_sampled: torch.Tensor,
+                 num_rejected: torch.Tensor) -> None:
+    """Under tensor parallelism, every rank takes the first rank's verdict, in place (see the V1
+    runner's ``_one_verdict``): one broadcast of the three tensors, packed."""
+    group = get_tp_group()
+    if group.world_size == 1:
+        return
+    width = sampled.shape[1]
+    packed = torch.cat([sampled.to(torch.int64), num_sampled.to(torch.int64).unsqueeze(1),
+                        num_rejected.to(torch.int64).unsqueeze(1)], dim=1)
+    packed = group.broadcast(packed, src=0)
+    sampled.copy_(packed[:, :width])
+    num_sampled.copy_(packed[:, width])
+    num_rejected.copy_(packed[:, width + 1])
+
+
+def _wrap_sample(sample):
+    def wrapper(self, hidden_states, input_batch, grammar_output):
+        sampler_output, num_sampled, num_rejected = sample(
+            self, hidden_states, input_batch, grammar_output)
+        interceptor = interceptor_of(self)
+        if interceptor is not None and input_batch.num_draft_tokens:  # same on every rank
+            sampled = sampler_output.sampled_token_ids
+            _one_verdict(sampled, num_sampled, num_rejected)
+            if interceptor.step is not None:
+                interceptor.commit(verdict_ids(sampled, num_sampled))
+        return sampler_output, num_sampled, num_rejected
+
+    return wrapper
+
+
+def _wrap_warmup_kernels(warmup_kernels):
+    def wrapper(model_runner, *args, **kwargs):
+        warmup_kernels(model_runner, *args, **kwargs)
+        interceptor = interceptor_of(model_runner)
+        if interceptor is not None:
+            interceptor.reset_counters()
+
+    return wrapper
+
+
+PATCHES = [
+    Patch(
+        GPUModelRunnerV2,
+        "initialize_kv_cache",
+        _wrap_initialize_kv_cache,
+        why="V2 runner: once the KV cache tensors exist, bind the interceptor to the target "
+        "model's attention layers (the speculator's layers stay unbound).",
+    ),
+    Patch(
+        GPUModelRunnerV2,
+        "prepare_inputs",
+        _wrap_prepare_inputs,
+        why="V2 runner: begin the verify step once, for all layers, when the drafts' batch rows "
+        "are known.",
+    ),
+    Patch(
+        GPUModelRunnerV2,
+        "sample",
+        _wrap_sample,
+        why="V2 runner: commit the accepted drafts right after rejection sampling, before "
+        "postprocess_sampled and the speculator. Its only caller is sample_tokens.",
+    ),
+    Patch(
+        GPUModelRunnerV2,
+        "capture_model",
+        wrap_capture_model,
+        why="V2 runner: while vLLM captures its CUDA graphs, bound layers called with more than "
+        "one token per request take the staged path, so FULL graphs of verify batches stage "
+        "drafts.",
+    ),
+    Patch(
+        gpu_worker,
+        "warmup_kernels",
+        _wrap_warmup_kernels,
+        why="V2 runner: the start-up warm-up's verify step (dummy requests no scheduler saw) "
+        "stages and commits like any other, compiling NWOR's kernels; the counters start after "
+        "it. The worker calls it by its module-level name.",
+    ),
+]

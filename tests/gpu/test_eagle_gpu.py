@@ -1,0 +1,112 @@
+"""NWOR with EAGLE, EAGLE-3 and MTP on the GPU, on vLLM's V2 model runner (where these methods
+run on dense models by default) and on its V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``).
+
+Each engine is a fresh process (``engine_probe_gpu.py``) with vLLM's defaults: FLASH_ATTN,
+torch.compile, CUDA graphs FULL_AND_PIECEWISE, prefix caching, chunked prefill, and vLLM's
+choice of async scheduling (on for these methods; on V1 the audit turns it off, see the probe).
+Every case runs NWOR off, then on, both with the per-step cache audit:
+
+- EAGLE on the bigram pair (``write_bigram_eagle_pair``: a head right about one time in four,
+  real weights, real rejections, greedy);
+- EAGLE-3 on a random head and MTP on MiMo with dummy weights, whose drafts are right almost
+  never: vLLM's synthetic rejection sampling accepts each draft by a seeded coin instead
+  (mean acceptance length 2 of 4), the same coins on both sides, so both engines emit the
+  same tokens.
+
+Asserted: tokens and logprobs identical, the audit clean with NWOR on and catching vLLM's
+rejected writes with NWOR off (its negative control), NWOR's counters equal to the audit's
+per-step count of drafted and accepted tokens, and verify batches replaying FULL graphs
+captured with NWOR's staged path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+K = 3
+SYNTHETIC = {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.0}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from vllm_nwor.testing import write_bigram_eagle_pair, write_mimo_mtp_config
+
+    root = tmp_path_factory.mktemp("eagle-gpu")
+    # Head dim 64 (FlashAttention on a GPU); noise 0.015: about one draft in four accepted (CPU).
+    shape = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}
+    target, eagle = write_bigram_eagle_pair(root, noise=0.015, **shape)
+    _, eagle3 = write_bigram_eagle_pair(root, eagle3=True, **shape)
+    return {"eagle": (target, eagle), "eagle3": (target, eagle3),
+            "mtp": (write_mimo_mtp_config(root), None)}
+
+
+def probe(tmp_path, spec: dict, v2: bool) -> dict:
+    env = dict(os.environ)
+    if v2:
+        env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # vLLM's own choice: V2 for these methods
+    else:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    out = tmp_path / f"probe-{len(list(tmp_path.iterdir()))}.json"
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_probe_gpu.py"), json.dumps({**spec, "v2": v2}),
+         str(out)], capture_output=True, text=True, timeout=500, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    print(spec["method"], "V2" if v2 else "V1", spec["speculative"],
+          {k: v for k, v in result.items() if k not in ("tokens", "logprobs")})
+    return result
+
+
+def case_spec(models, method: str, nwor: bool) -> dict:
+    target, draft = models[method]
+    speculative = {"num_speculative_tokens": K, **({} if method == "eagle" else SYNTHETIC)}
+    spec = {"target": target, "draft": draft, "method": method, "audit": True,
+            "speculative": {**speculative, **({"nwor": True} if nwor else {})},
+            "sampling": {"logprobs": 1, "seed": 1234}}
+    if method == "mtp":
+        spec["engine"] = {"load_format": "dummy"}  # MiMo's config only: dummy weights
+    return spec
+
+
+CASES = [("eagle", True), ("eagle3", True), ("mtp", True), ("eagle", False), ("eagle3", False)]
+
+
+@pytest.mark.parametrize("method, v2", CASES, ids=[f"{m}-{'v2' if v else 'v1'}" for m, v in CASES])
+def test_nwor_on_gives_vllms_tokens_and_keeps_rejected_drafts_out(models, tmp_path, method, v2):
+    off = probe(tmp_path, case_spec(models, method, False), v2)
+    on = probe(tmp_path, case_spec(models, method, True), v2)
+    expected_runner = "vllm.v1.worker.gpu.model_runner" if v2 else "vllm.v1.worker.gpu_model_runner"
+    assert on["runner"] == off["runner"] == expected_runner
+    assert on["attention_impl"] == "FlashAttentionImpl"
+    assert on["cudagraph_mode"] == off["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    assert on["async_scheduling"] == off["async_scheduling"]
+
+    assert on["tokens"] == off["tokens"]
+    assert on["logprobs"] == off["logprobs"]  # vLLM's own attention kernel: bit for bit
+    assert (on["drafted"], on["accepted"]) == (off["drafted"], off["accepted"])
+
+    audit = on["audit"]
+    assert 0 < audit["accepted"] < audit["drafted"], "the run must accept and reject drafts"
+    assert audit["num_violations"] == 0, audit["violations"]
+    # The audit's negative control: vLLM's plain write leaves rejected drafts behind.
+    assert any("beyond" in v for v in off["audit"]["violations"])
+
+    counters = on["counters"]
+    assert counters["fallbacks"] == {}
+    # Every step's drafts and verdicts, as the audit counted them from the scheduler's and the
+    # sampler's outputs. (vLLM's stats leave out a step verified after its request ended.)
+    assert (counters["tokens_staged"], counters["tokens_committed"]) == (
+        audit["drafted"], audit["accepted"])
+    assert on["drafted"] <= counters["tokens_staged"]
+
+    # Verify batches (1 + K tokens per request) replayed FULL graphs with the staged path.
+    assert on["dispatches"].get(f"{1 + K}:FULL", 0) > 0, on["dispatches"]
+    assert on["graph_steps"] > 0
