@@ -10,7 +10,6 @@ draft pass on chunk-0 steps: lazy draft sync off).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from cache_audit import CacheAudit, read_flash_attn_tokens, runner_of  # noqa: E402
+from step_record import record_dispatches  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
@@ -49,26 +49,6 @@ def _limited_copy(draft: str, max_positions: int) -> str:
     config["max_position_embeddings"] = max_positions
     (copy / "config.json").write_text(json.dumps(config))
     return str(copy)
-
-
-def record_dispatches(runner) -> dict[str, int]:
-    """Counts the target's graph modes by batch shape from now on: ``"<q>:<mode>"`` for uniform
-    batches of ``q`` tokens per request, ``"mixed:<mode>"`` for the others."""
-    counts: dict[str, int] = {}
-    determine = runner._determine_batch_execution_and_padding
-    signature = inspect.signature(determine)
-
-    def recording(*args, **kwargs):
-        result = determine(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs).arguments
-        query_len = bound["max_num_scheduled_tokens"]
-        uniform = bound["num_tokens"] == query_len * bound["num_reqs"]
-        key = f"{query_len if uniform else 'mixed'}:{result[0].name}"
-        counts[key] = counts.get(key, 0) + 1
-        return result
-
-    runner._determine_batch_execution_and_padding = recording
-    return counts
 
 
 def main(spec: dict, out_path: str) -> None:
