@@ -100,6 +100,7 @@ class WorkerRecord:
             "tp_rank": group.rank_in_group,
             "tp_size": group.world_size,
             "device": torch.cuda.get_device_name(runner.device) if on_cuda else "cpu",
+            "device_index": runner.device.index,  # cuda:<rank> under tensor parallelism
             "device_type": runner.device.type,
             "attention": type(self.layers[0].impl).__name__,
             "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
