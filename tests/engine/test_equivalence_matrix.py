@@ -12,6 +12,7 @@ code) is recorded under benchmarks/results/equivalence_gpu_*.json.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -135,3 +136,28 @@ def test_tensor_parallel_checks_fail_on_each_broken_claim(breaks, failure):
     breaks(row)
     failed = equivalence.checks(row, TP_CASE)
     assert any(failure in line for line in failed), failed
+
+
+def test_run_matrix_keeps_the_rows_of_cases_run_before(tmp_path, monkeypatch):
+    """The GPU TP test runs one case at a time into one result file (``keep``): rows of other
+    cases stay, a case run again replaces its row, and a case that fails is a row with its
+    error."""
+    def run_case(case, paths, on_cuda):
+        if case.name == "tp2_ngram":
+            raise RuntimeError("probe failed")
+        return {"name": case.name, "exact": True}
+
+    monkeypatch.setattr(equivalence, "run_case", run_case)
+    monkeypatch.setattr(equivalence, "model_paths", lambda model, root: ("t", "d"))
+    out = tmp_path / "tp2.json"
+    tp2 = {c.name: c for c in equivalence.cases(on_cuda=True) if c.tensor_parallel_size == 2}
+    out.write_text('{"cases": [{"name": "tp2_draft_model", "exact": false}, {"name": "x"}]}')
+    payload = equivalence.run_matrix([tp2["tp2_draft_model"]], tmp_path, out, True, keep=True)
+    assert [(r["name"], r.get("exact")) for r in payload["cases"]] == [
+        ("x", None), ("tp2_draft_model", True)]
+    payload = equivalence.run_matrix([tp2["tp2_ngram"]], tmp_path, out, True, keep=True)
+    assert [r["name"] for r in payload["cases"]] == ["x", "tp2_draft_model", "tp2_ngram"]
+    assert "probe failed" in payload["cases"][-1]["error"]
+    assert json.loads(out.read_text()) == payload
+    payload = equivalence.run_matrix([tp2["tp2_ngram"]], tmp_path, out, True)  # not kept
+    assert [r["name"] for r in payload["cases"]] == ["tp2_ngram"]
