@@ -553,7 +553,8 @@ def tp_checks(on: dict, tp: int) -> list[str]:
     """What must hold of a tensor-parallel NWOR-on run's ranks (a row of :func:`run_case`):
     every rank audited, with the same steps and verdicts, and the same token counters; on CUDA
     each rank with custom all-reduce on, verify steps replayed as FULL graphs that NWOR staged
-    in, and seeded sampling giving NWOR off's tokens."""
+    in, seeded sampling giving NWOR off's tokens, and NWOR off's ranks agreeing among
+    themselves (else the baseline is broken, not NWOR)."""
     ranks = (on.get("audit") or {}).get("ranks") or []
     if [r["tp_rank"] for r in ranks] != list(range(tp)):
         return [f"audited ranks {[r['tp_rank'] for r in ranks]}, expected 0 to {tp - 1}"]
@@ -575,9 +576,15 @@ def tp_checks(on: dict, tp: int) -> list[str]:
             failed.append(f"{name}: {worker['nwor_graph_steps']} staged steps in FULL graphs, "
                           f"{worker['full_verify_steps']} FULL verify steps "
                           f"({worker['dispatches']})")
-    if ranks and ranks[0]["worker"]["device_type"] == "cuda" and not on.get(
-            "sampled_tokens_exact", True):
-        failed.append("seeded sampled tokens differ from NWOR off's")
+    if ranks and ranks[0]["worker"]["device_type"] == "cuda":
+        if not on.get("sampled_tokens_exact", True):
+            failed.append("seeded sampled tokens differ from NWOR off's")
+        # The baseline: vLLM alone shares no verdict, so its ranks agree only if they drew
+        # alike (seeded on the GPU; on the CPU, unseeded, they did not always).
+        off = ((on.get("off") or {}).get("audit") or {}).get("ranks") or []
+        if len({(r["steps"], r["drafted"], r["accepted"]) for r in off}) > 1:
+            failed.append("NWOR off: vLLM's ranks saw different (steps, drafted, accepted): "
+                          f"{sorted({(r['steps'], r['drafted'], r['accepted']) for r in off})}")
     return failed
 
 

@@ -86,7 +86,8 @@ def tp_row() -> dict:
             "rank_counters": [dict(counters), dict(counters)], "drafted": 30, "accepted": 10,
             "prefix_cache_hits": 4, "preemptions": 0, "sampled_tokens_exact": True,
             "settings": {"async_scheduling": False, "enable_prefix_caching": True},
-            "audit": {"num_violations": 0, "violations": [], "ranks": ranks}}
+            "audit": {"num_violations": 0, "violations": [], "ranks": ranks},
+            "off": {"audit": {"ranks": [dict(r) for r in ranks]}}}
 
 
 def break_rank_counters(row):
@@ -113,6 +114,10 @@ def break_seeded_sampling(row):
     row["sampled_tokens_exact"] = False
 
 
+def break_the_baseline(row):
+    row["off"]["audit"]["ranks"][1]["accepted"] = 11
+
+
 def counters_disagree(row):
     row["counters"] = None
     row["counters_error"] = ("NWOR counters differ across tensor-parallel ranks: "
@@ -127,6 +132,7 @@ def counters_disagree(row):
     (lose_a_rank, "audited ranks [0], expected 0 to 1"),
     (break_seeded_sampling, "seeded sampled tokens differ from NWOR off's"),
     (counters_disagree, "tokens_committed is rank 0: 10, rank 1: 0"),
+    (break_the_baseline, "NWOR off: vLLM's ranks saw different"),
 ])
 def test_tensor_parallel_checks_fail_on_each_broken_claim(breaks, failure):
     """The GPU rows' checks (equivalence.tp_checks, through checks) pass a good two-rank row
