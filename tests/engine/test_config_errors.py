@@ -147,11 +147,15 @@ def test_data_parallelism_is_refused_naming_the_setting(tiny_models):
 
 
 @pytest.mark.parametrize("sizes, on_cpu, refused", [
-    ({"tensor_parallel_size": 2}, True, None),  # verified: tests/engine/test_tensor_parallel.py
-    ({"tensor_parallel_size": 2}, False, "verified on vLLM's CPU engine only so far, not on 'H'"),
+    ({"tensor_parallel_size": 2}, True, None),  # tests/engine/test_tensor_parallel.py
+    ({"tensor_parallel_size": 2}, False, None),  # tests/gpu/test_tensor_parallel_gpu.py
     ({"tensor_parallel_size": 1}, False, None),
     ({"pipeline_parallel_size": 2}, True, "supports pipeline_parallel_size=1 only, got 2"),
+    ({"pipeline_parallel_size": 2, "tensor_parallel_size": 2}, False,
+     "supports pipeline_parallel_size=1 only, got 2: not verified; allowed: 1"),
     ({"data_parallel_size": 2}, False, "supports data_parallel_size=1 only, got 2"),
+    ({"data_parallel_size": 4, "tensor_parallel_size": 2}, False,
+     "supports data_parallel_size=1 only, got 4: not verified; allowed: 1"),
 ])
 def test_parallelism_refused_where_not_verified(sizes, on_cpu, refused):
     from types import SimpleNamespace

@@ -134,17 +134,16 @@ def unsupported_parallelism(parallel_config: Any, on_cpu: bool, device_name: str
     """What of ``parallel_config`` NWOR cannot serve, or None.
 
     Under tensor parallelism every rank stages and commits its own KV heads from the first
-    rank's verdict (``patches/nwor/model_runner.py``); that is verified on vLLM's CPU engine,
-    not yet on a GPU. Pipeline stages would need the last stage's verdict before their commit, and
-    data-parallel replicas each have their own scheduler: neither is verified."""
+    rank's verdict, broadcast after rejection sampling (``patches/nwor/model_runner.py``), on
+    any platform NWOR runs on (``tests/engine/test_tensor_parallel.py`` on vLLM's CPU engine,
+    ``tests/gpu/test_tensor_parallel_gpu.py`` on two GPUs with FLASH_ATTN, CUDA graphs and custom
+    all-reduce). Pipeline stages would need the last stage's verdict before their commit, and
+    data-parallel replicas each have their own scheduler: neither is verified, both are refused.
+    ``on_cpu`` and ``device_name`` no longer decide anything."""
     for key in ("pipeline_parallel_size", "data_parallel_size"):
         size = getattr(parallel_config, key, 1)
         if size != 1:
             return f"supports {key}=1 only, got {size}: not verified; allowed: 1"
-    tp = parallel_config.tensor_parallel_size
-    if tp > 1 and not on_cpu:
-        return (f"with tensor_parallel_size={tp} is verified on vLLM's CPU engine only so far, "
-                f"not on {device_name!r}; allowed there: tensor_parallel_size=1")
     return None
 
 
