@@ -66,6 +66,7 @@ from harness.engines import (  # noqa: E402
     start_engines,
     stop_engines,
     tokens_per_second,
+    write_eagle3_head,
     write_models,
 )
 from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
@@ -88,11 +89,18 @@ def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> f
 
 def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
                   max_batch: int, cudagraph_mode: str | None = None,
-                  memory: float = 0.42, tensor_parallel_size: int = 1) -> dict:
+                  memory: float = 0.42, tensor_parallel_size: int = 1,
+                  length: float | None = None) -> dict:
+    """One engine's ``LLM`` arguments. ``length``: for eagle3, the engine's own mean acceptance
+    length (vLLM's synthetic rejection sampling; the plugin's per-request thinning needs vLLM's
+    V1 runner, and vLLM runs EAGLE-3 on its V2 runner)."""
     speculative = {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",
                    "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
-    if method == "draft_model":
+    if method == "eagle3":
+        speculative.update(method="eagle3", model=draft, synthetic_acceptance_length=length)
+        del speculative["synthetic_acceptance_per_request"]
+    elif method == "draft_model":
         speculative.update(method="draft_model", model=draft)
     else:
         speculative.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=2)
@@ -120,26 +128,31 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
              engine_core_process=False, aa=False, time_nwor_host=False,
              tensor_parallel_size=1, progress=None) -> dict:
     """One engine pair (and its A/A control): every cell, then the profiles. ``progress``, if
-    given, gets the record so far after each cell (the same shape, ``"partial": True``)."""
+    given, gets the record so far after each cell (the same shape, ``"partial": True``).
+    eagle3: one length, the engines' own (``engine_kwargs``)."""
     memory = 0.3 if aa else 0.42  # three engines share the GPU with --aa
     tp = tensor_parallel_size
+    own_length = None
+    if method == "eagle3":
+        (own_length,) = lengths  # main() runs one engine pair per length
     configs = {
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode,
-                             memory, tp),
+                             memory, tp, own_length),
         "on": engine_kwargs(target, draft, method, k, True, max(batches), memory=memory,
-                            tensor_parallel_size=tp)}
+                            tensor_parallel_size=tp, length=own_length)}
     if time_nwor_host:
         configs["on"][ENV_KEY] = {TIME_NWOR_HOST: "1"}
     if aa:  # a second plugin-off engine, alike in every way: the A/A spread of a cell
         configs["off_b"] = engine_kwargs(target, draft, method, k, False, max(batches),
-                                         baseline_mode, memory, tp)
+                                         baseline_mode, memory, tp, own_length)
     engines = start_engines(configs, engine_core_process)
     rows = []
 
     def cell(L: float, batch: int, rep: int) -> dict[str, dict]:
         """One run per engine: max(batch, min_requests) requests, batch of them in flight."""
         count = max(batch, min_requests)
-        extra = [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * count
+        extra = None if own_length is not None else \
+            [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * count
         batch_prompts = prompts(count, seed=1000 * batch + rep)
         runs = alternate(engines, batch_prompts, rep, extra,
                          batch if count > batch else None)
@@ -412,7 +425,10 @@ def write_pooled(results: list[Path], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
+    parser.add_argument("--method", choices=["draft_model", "ngram", "eagle3"],
+                        default="draft_model",
+                        help="eagle3: a one-layer EAGLE-3 head of the target's shape, on "
+                        "vLLM's V2 runner; one engine pair per --L")
     parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--L", nargs="+", default=["1.5", "3.0", "k+1"],
                         help="mean acceptance lengths: numbers or k+1")
@@ -470,17 +486,24 @@ def main() -> None:
         done = args.jsonl.read_text() if args.jsonl.exists() else ""
         partial.write_text(done + json.dumps(so_far) + "\n")
 
+    if args.method == "eagle3" and (args.profile_batches or args.time_nwor_host):
+        parser.error("--profile-batches and --time-nwor-host read vLLM's V1 runner; eagle3 "
+                     "runs on its V2 runner")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
+        if args.method == "eagle3":
+            draft = write_eagle3_head(Path(root))
         for k in args.k:
-            append_jsonl(args.jsonl, run_pair(target, draft, args.method, k,
-                                              lengths_for(k, args.L), args.batches, args.reps,
-                                              args.baseline_cudagraph_mode,
-                                              args.profile_batches, args.profile_L,
-                                              args.min_requests, args.engine_core_process,
-                                              args.aa, args.time_nwor_host,
-                                              args.tensor_parallel_size,
-                                              progress if partial else None))
+            lengths = lengths_for(k, args.L)
+            # vLLM's synthetic length is an engine setting: one engine pair per length.
+            for pair_lengths in ([[L] for L in lengths] if args.method == "eagle3"
+                                 else [lengths]):
+                append_jsonl(args.jsonl, run_pair(
+                    target, draft, args.method, k, pair_lengths, args.batches, args.reps,
+                    args.baseline_cudagraph_mode, args.profile_batches, args.profile_L,
+                    args.min_requests, args.engine_core_process, args.aa,
+                    args.time_nwor_host, args.tensor_parallel_size,
+                    progress if partial else None))
     if partial is not None:
         partial.unlink(missing_ok=True)  # every record is in the jsonl
 

@@ -73,6 +73,18 @@ def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[st
     return str(target), str(draft)
 
 
+def write_eagle3_head(root: Path) -> str:
+    """A config-only EAGLE-3 head for the 8B-shaped target (one layer, the target's attention
+    dims, its vocabulary; weights from ``load_format="dummy"``): vLLM 0.26 runs it on its V2
+    model runner."""
+    head = root / "eagle3-head"
+    head.mkdir(parents=True, exist_ok=True)
+    config = {**LLAMA3_8B, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle3"],
+              "draft_vocab_size": LLAMA3_8B["vocab_size"]}
+    (head / "config.json").write_text(json.dumps(config))
+    return str(head)
+
+
 def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
     rng = random.Random(seed)
     # A repeated motif gives ngram something to match; the rest is random.

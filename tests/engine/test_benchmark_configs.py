@@ -43,6 +43,8 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     cases += [(f"nwor_overhead:tp2:{nwor}", overhead.engine_kwargs(
         "t", "d", "draft_model", 4, nwor, 8, memory=0.3, tensor_parallel_size=2))
         for nwor in (False, True)]
+    cases += [(f"nwor_overhead:eagle3:{nwor}", overhead.engine_kwargs(
+        "t", "d", "eagle3", 4, nwor, 8, memory=0.3, length=2.5)) for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))
               for w in (None, 256)]
     profile = importlib.import_module("scv_step_profile")
