@@ -26,13 +26,23 @@ Every NWOR-on run also checks the paged cache after every step (tests/common/cac
 committed tokens written, nothing past them), and that its counters equal vLLM's spec-decode
 stats.
 
+Cases at ``tensor_parallel_size`` 2 (``tp2_*``, two GPUs) have their model runner in two worker
+processes. There the audit rides in vLLM's plugin mechanism (tests/common/soak_audit.py, loaded
+into every worker of both engines: the NWOR-off engine's audit is the negative control), and
+each worker also records what it ran (tests/common/step_record.py: its rank and GPU, each target
+step's CUDA graph mode, custom all-reduce, NWOR's FULL-graph steps). Every rank must have seen
+the same steps and verdicts and counted the same tokens, and on CUDA replayed FULL graphs for
+verify steps with custom all-reduce on.
+
     python benchmarks/equivalence.py [--cases NAME,...] [--out JSON]   # the matrix
+    (tests/gpu/test_tensor_parallel_gpu.py runs the tp2_* cases and checks every claim above)
     python benchmarks/equivalence.py --probe SPEC_JSON OUT_JSON          # one engine
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -61,6 +71,7 @@ class Case:
     two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
     preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
     structured: bool = False  # the structured-output workload instead of rounds 1-4
+    tensor_parallel_size: int = 1  # > 1: the runner in worker processes, audited there
 
 
 # Shapes for the GPU (FlashAttention 3 needs head dims of 64 or more): head dim, GQA ratio.
@@ -107,6 +118,10 @@ def cases(on_cuda: bool) -> list[Case]:
                      why="the shipped pair: a tokenizer (for grammars and stop strings) and a "
                      "trained draft; its 256 positions"))
     if on_cuda:
+        rows += [Case(f"tp2_{method}", method=method, model=model, tensor_parallel_size=2,
+                      why="tensor_parallel_size=2 on two GPUs, custom all-reduce on; the audit "
+                      "and the step record run in every worker of both engines")
+                 for method in ("draft_model", "ngram")]
         rows += [
             Case("async_scheduling_on", model=model, engine=dict(async_scheduling=True),
                  audit=False, why="async scheduling on (vLLM's default is off for draft_model;"
@@ -254,6 +269,8 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         gpu_memory_utilization=0.15 if on_cuda else 0.3, disable_log_stats=False, seed=0,
         dtype="bfloat16" if on_cuda else "float32",
     )
+    if case.tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = case.tensor_parallel_size
     if case.preempt:
         # 768 tokens of KV cache, the same blocks for requests on both sides: NWOR on CUDA
         # keeps its scratch blocks out of the override, so NWOR off gets the override less them.
@@ -293,26 +310,13 @@ def summary(output, sampled: bool) -> dict:
     }
 
 
-class StepRecorder:
-    """Counts, per step, what the matrix claims to exercise: steps with drafts, and steps in
-    which a request starts from prefix-cache hits while another request verifies drafts."""
-
-    def __init__(self, runner) -> None:
-        self.verify_steps = self.hits_beside_verify = 0
-        execute_model = runner.execute_model
-
-        def recording(scheduler_output, *args, **kwargs):
-            if scheduler_output.scheduled_spec_decode_tokens:
-                self.verify_steps += 1
-                if any(r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs):
-                    self.hits_beside_verify += 1
-            return execute_model(scheduler_output, *args, **kwargs)
-
-        runner.execute_model = recording
-
-
 def run_engine(spec: dict) -> dict:
-    """One engine (in this process): both rounds, the cache audit, the counters."""
+    """One engine (in this process, its workers beside it under tensor parallelism): the
+    rounds, the cache audit, the counters."""
+    # The engine core in this process, also under tensor parallelism (its workers are processes
+    # of their own either way): in a process of its own it would start stepping as the first
+    # requests arrive, and how many requests a step sees, so the two engines' batches and their
+    # bf16 sums, would depend on timing NWOR has no part in.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import gc
 
@@ -322,25 +326,33 @@ def run_engine(spec: dict) -> dict:
         read_flash_attn_tokens,
         runner_of,
     )
+    from soak_audit import ENV_DIR
+    from step_record import StepRecorder
     from vllm import LLM
 
     import vllm_nwor
     from vllm_nwor.patches.nwor.model_runner import attention_layers
 
     case, on_cuda, nwor = Case(**spec["case"]), spec["on_cuda"], spec["nwor"]
+    tensor_parallel = case.tensor_parallel_size > 1
+    if tensor_parallel and not os.environ.get(ENV_DIR):
+        raise RuntimeError(f"{case.name}: a tensor-parallel engine's runners are in its workers; "
+                           "run it through probe(), which loads the audit plugin into them")
     kwargs = engine_kwargs(case, tuple(spec["paths"]), nwor, on_cuda)
     llm = LLM(**kwargs)
-    runner = runner_of(llm)
-    other = None
-    if case.two_engines and nwor:  # a second NWOR engine in this process, bound after this one
-        other_case = Case(**{**spec["case"], "k": case.k + 1})
-        other = LLM(**engine_kwargs(other_case, tuple(spec["paths"]), True, on_cuda))
-    block_size = llm.llm_engine.vllm_config.cache_config.block_size
-    audit = None
-    if case.audit and nwor:
+    config = llm.llm_engine.vllm_config
+    runner = audit = steps = other = None
+    if not tensor_parallel:
+        runner = runner_of(llm)
+        if case.two_engines and nwor:  # a second NWOR engine here, bound after this one
+            other_case = Case(**{**spec["case"], "k": case.k + 1})
+            other = LLM(**engine_kwargs(other_case, tuple(spec["paths"]), True, on_cuda))
+    block_size = config.cache_config.block_size
+    if runner is not None and case.audit and nwor:
         read = read_flash_attn_tokens if on_cuda else read_cpu_attn_tokens
         audit = CacheAudit(runner, attention_layers(runner.get_model()), read, block_size)
-    steps = StepRecorder(runner)
+    if runner is not None:
+        steps = StepRecorder(runner)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     has_tokenizer = not kwargs["skip_tokenizer_init"]
     if case.structured:
@@ -355,7 +367,38 @@ def run_engine(spec: dict) -> dict:
         out3 = _generate(llm, round_sampled(vocab, on_cuda))
         outputs = out1 + out2 + out3 + same_step_hits(llm, vocab, block_size)
     metrics = {m.name: m for m in llm.get_metrics()}
-    counters = vllm_nwor.get_counters(llm)
+    rank_counters = llm.collective_rpc("nwor_counters")
+    counters_error = None
+    try:
+        counters = vllm_nwor.get_counters(llm)
+    except RuntimeError as error:  # the ranks counted differently: recorded, judged by checks()
+        counters, counters_error = None, str(error)
+    settings = {
+        "enable_prefix_caching": bool(config.cache_config.enable_prefix_caching),
+        "block_size": block_size,
+        "runner": "V2" if config.use_v2_model_runner else "V1",
+        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+    }
+    if runner is not None:
+        settings |= {
+            "async_scheduling": bool(runner.use_async_scheduling),
+            "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
+            "attention": type(attention_layers(runner.get_model())[0].impl).__name__,
+        }
+        verify_steps, hits_beside_verify = steps.verify_steps, steps.hits_beside_verify
+        audit = None if audit is None else {
+            "violations": audit.violations[:10], "num_violations": len(audit.violations),
+            "rejected_drafts": audit.rejected_drafts, "checked_tokens": audit.checked_tokens}
+    else:
+        ranks = worker_audits(Path(os.environ[ENV_DIR]))
+        worker = ranks[0]["worker"] if ranks else {}
+        settings |= {key: worker.get(key) for key in
+                     ("async_scheduling", "cudagraph_mode", "attention")}
+        settings |= {"custom_all_reduce": [r["worker"]["custom_all_reduce"] for r in ranks],
+                     "gpus": [r["worker"]["device"] for r in ranks]}
+        verify_steps, hits_beside_verify = (worker.get("verify_steps", 0),
+                                            worker.get("hits_beside_verify", 0))
+        audit = combined_audit(ranks)
     result = {
         "outputs": outputs,
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
@@ -363,23 +406,15 @@ def run_engine(spec: dict) -> dict:
         "preemptions": int(metrics["vllm:num_preemptions"].value),
         "prefix_cache_hits": int(metrics["vllm:prefix_cache_hits"].value),
         "counters": None if counters is None else counters.as_dict(),
-        "verify_steps": steps.verify_steps,
-        "hits_beside_verify": steps.hits_beside_verify,
-        "settings": {
-            "enable_prefix_caching": bool(llm.llm_engine.vllm_config.cache_config
-                                          .enable_prefix_caching),
-            "async_scheduling": bool(runner.use_async_scheduling),
-            "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
-            "block_size": block_size,
-            "attention": type(attention_layers(runner.get_model())[0].impl).__name__,
-            "runner": "V2" if llm.llm_engine.vllm_config.use_v2_model_runner else "V1",
-            "tensor_parallel_size": llm.llm_engine.vllm_config.parallel_config
-            .tensor_parallel_size,
-        },
-        "audit": None if audit is None else {
-            "violations": audit.violations[:10], "num_violations": len(audit.violations),
-            "rejected_drafts": audit.rejected_drafts, "checked_tokens": audit.checked_tokens},
+        "verify_steps": verify_steps,
+        "hits_beside_verify": hits_beside_verify,
+        "settings": settings,
+        "audit": audit,
     }
+    if tensor_parallel:
+        result |= {"rank_counters": rank_counters, "counters_error": counters_error}
+    elif counters_error is not None:
+        raise RuntimeError(counters_error)
     for engine in (llm, other):
         if engine is not None:
             engine.llm_engine.engine_core.shutdown()
@@ -388,12 +423,51 @@ def run_engine(spec: dict) -> dict:
     return result
 
 
+AUDIT_KEYS = ("steps", "verify_steps", "drafted", "accepted", "rejected", "checked_tokens",
+              "cache_violations", "counter_violations", "fallbacks", "counters")
+
+
+def worker_audits(directory: Path) -> list[dict]:
+    """Each worker's audit (tests/common/soak_audit.py) and record of what it ran, by rank."""
+    from soak_audit import read_status
+
+    ranks = [{"tp_rank": status["worker"]["tp_rank"],
+              **{key: status[key] for key in AUDIT_KEYS},
+              "violations": (status["cache_violation_samples"]
+                             + status["counter_violation_samples"])[:10],
+              "worker": status["worker"]} for status in read_status(directory)]
+    return sorted(ranks, key=lambda rank: rank["tp_rank"])
+
+
+def combined_audit(ranks: list[dict]) -> dict | None:
+    """The workers' audits as one run's (the keys an in-process audit has), each rank's beside:
+    violations of every rank, drafts and tokens as rank 0 counted them (the ranks must agree,
+    :func:`tp_checks`)."""
+    if not ranks:
+        return None
+    violations = [f"rank {r['tp_rank']}: {v}" for r in ranks for v in r["violations"]]
+    return {"violations": violations[:10],
+            "num_violations": sum(r["cache_violations"] + r["counter_violations"] for r in ranks),
+            "rejected_drafts": ranks[0]["rejected"], "checked_tokens": ranks[0]["checked_tokens"],
+            "ranks": ranks}
+
+
 def probe(spec: dict, timeout: int = 900) -> dict:
-    """:func:`run_engine` in a fresh process (one engine at a time on a GPU)."""
+    """:func:`run_engine` in a fresh process (one engine at a time on a GPU). A tensor-parallel
+    case gets the audit plugin in its workers, reporting to a directory of its own."""
+    import soak_audit
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
+        env = dict(os.environ)
+        env.pop(soak_audit.ENV_DIR, None)
+        if spec["case"].get("tensor_parallel_size", 1) > 1:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (soak_audit.install(Path(tmp) / "site"), env.get("PYTHONPATH")) if p)
+            env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
+            (Path(tmp) / "audit").mkdir()
         proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"probe failed ({spec['case']['name']}, nwor={spec['nwor']}):\n"
                                f"{proc.stderr[-4000:]}")
@@ -405,9 +479,12 @@ def probe(spec: dict, timeout: int = 900) -> dict:
 
 def compare(off: dict, on: dict, logprob_atol: float) -> dict:
     """Greedy sequences token for token (and logprobs within ``logprob_atol``, 0 = bit for
-    bit); sampled sequences: logprobs identical up to their first differing token."""
+    bit); sampled sequences: logprobs identical up to their first differing token, and whether
+    their tokens are identical too (``sampled_tokens_exact``, required of seeded requests on two
+    GPUs by :func:`tp_checks`)."""
     same = total = 0
     greedy_exact, logprobs_exact, sampled_logprobs_exact = True, True, True
+    sampled_exact = True
     mismatches = []
     for i, (a, b) in enumerate(zip(off["outputs"], on["outputs"], strict=True)):
         for s, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
@@ -419,6 +496,7 @@ def compare(off: dict, on: dict, logprob_atol: float) -> dict:
             close = all(abs(x - y) <= logprob_atol for x, y in zip(la, lb, strict=True))
             if a["sampled"]:
                 sampled_logprobs_exact &= close
+                sampled_exact &= ta == tb and a["finish"][s] == b["finish"][s]
                 continue
             if ta != tb or a["finish"][s] != b["finish"][s]:
                 greedy_exact = False
@@ -427,13 +505,17 @@ def compare(off: dict, on: dict, logprob_atol: float) -> dict:
     return {"exact": greedy_exact and logprobs_exact and sampled_logprobs_exact,
             "greedy_tokens_exact": greedy_exact, "greedy_logprobs_exact": logprobs_exact,
             "sampled_logprobs_exact_to_first_difference": sampled_logprobs_exact,
+            "sampled_tokens_exact": sampled_exact,
             "agreement": same / max(total, 1), "mismatches": mismatches[:10]}
 
 
 def checks(on: dict, case: Case) -> list[str]:
-    """What must hold of a NWOR-on run by itself; each failure as a line."""
+    """What must hold of a NWOR-on run (a case's row: the NWOR-on run's numbers and the
+    comparison's); each failure as a line."""
     failed = []
     counters = on["counters"]
+    if on.get("counters_error"):
+        return [on["counters_error"], *tp_checks(on, case.tensor_parallel_size)]
     if counters is None:
         return ["no NWOR counters: NWOR is off"]
     if counters["fallbacks"]:
@@ -462,6 +544,47 @@ def checks(on: dict, case: Case) -> list[str]:
         failed.append("no prefix-cache hits")
     if case.preempt and on["preemptions"] == 0:
         failed.append("no preemption")
+    if case.tensor_parallel_size > 1:
+        failed += tp_checks(on, case.tensor_parallel_size)
+    return failed
+
+
+def tp_checks(on: dict, tp: int) -> list[str]:
+    """What must hold of a tensor-parallel NWOR-on run's ranks (a row of :func:`run_case`):
+    every rank audited, with the same steps and verdicts, and the same token counters; on CUDA
+    each rank with custom all-reduce on, verify steps replayed as FULL graphs that NWOR staged
+    in, seeded sampling giving NWOR off's tokens, and NWOR off's ranks agreeing among
+    themselves (else the baseline is broken, not NWOR)."""
+    ranks = (on.get("audit") or {}).get("ranks") or []
+    if [r["tp_rank"] for r in ranks] != list(range(tp)):
+        return [f"audited ranks {[r['tp_rank'] for r in ranks]}, expected 0 to {tp - 1}"]
+    failed = []
+    seen = {(r["steps"], r["drafted"], r["accepted"]) for r in ranks}
+    if len(seen) > 1:
+        failed.append(f"ranks saw different (steps, drafted, accepted): {sorted(seen)}")
+    tokens = [{k: v for k, v in (c or {}).items() if k != "kv_bytes_not_written"}
+              for c in on.get("rank_counters") or []]
+    if len(tokens) != tp or any(t != tokens[0] for t in tokens):
+        failed.append(f"NWOR's counters by rank differ: {tokens}")
+    for rank in ranks:
+        worker, name = rank["worker"], f"rank {rank['tp_rank']}"
+        if worker["device_type"] != "cuda":
+            continue
+        if not worker["custom_all_reduce"]:
+            failed.append(f"{name}: custom all-reduce is off")
+        if not 0 < (worker["nwor_graph_steps"] or 0) <= worker["full_verify_steps"]:
+            failed.append(f"{name}: {worker['nwor_graph_steps']} staged steps in FULL graphs, "
+                          f"{worker['full_verify_steps']} FULL verify steps "
+                          f"({worker['dispatches']})")
+    if ranks and ranks[0]["worker"]["device_type"] == "cuda":
+        if not on.get("sampled_tokens_exact", True):
+            failed.append("seeded sampled tokens differ from NWOR off's")
+        # The baseline: vLLM alone shares no verdict, so its ranks agree only if they drew
+        # alike (seeded on the GPU; on the CPU, unseeded, they did not always).
+        off = ((on.get("off") or {}).get("audit") or {}).get("ranks") or []
+        if len({(r["steps"], r["drafted"], r["accepted"]) for r in off}) > 1:
+            failed.append("NWOR off: vLLM's ranks saw different (steps, drafted, accepted): "
+                          f"{sorted({(r['steps'], r['drafted'], r['accepted']) for r in off})}")
     return failed
 
 
@@ -470,14 +593,11 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe) -> di
     off = run({**spec, "nwor": False})
     on = run({**spec, "nwor": not case.nwor_both})
     result = compare(off, on, logprob_atol=0.0 if on_cuda else 1e-3)
-    failed = [] if case.nwor_both else checks(on, case)
-    if case.preempt and off["preemptions"] != on["preemptions"]:
-        failed.append(f"preemptions differ: {off['preemptions']} off, {on['preemptions']} on")
-    return {
+    row = {
         "name": case.name, "why": case.why,
         "settings": {**on["settings"], "method": case.method, "num_speculative_tokens": case.k,
                      "model": case.model, **{k: v for k, v in case.engine.items()}},
-        **result, "checks_failed": failed,
+        **result, "checks_failed": [],
         "drafted": on["drafted"], "accepted": on["accepted"], "counters": on["counters"],
         "off": {"drafted": off["drafted"], "accepted": off["accepted"],
                 "preemptions": off["preemptions"]},
@@ -485,6 +605,16 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe) -> di
         "verify_steps": on["verify_steps"], "hits_beside_verify": on["hits_beside_verify"],
         "audit": on["audit"],
     }
+    if case.tensor_parallel_size > 1:
+        # Each rank's counters, and the NWOR-off engine's audit: the negative control, which
+        # finds the rejected drafts vLLM's plain write put in every rank's cache.
+        row |= {"rank_counters": on["rank_counters"], "counters_error": on["counters_error"]}
+        row["off"] |= {"audit": off["audit"], "settings": off["settings"]}
+    failed = [] if case.nwor_both else checks(row, case)
+    if case.preempt and off["preemptions"] != on["preemptions"]:
+        failed.append(f"preemptions differ: {off['preemptions']} off, {on['preemptions']} on")
+    row["checks_failed"] = failed
+    return row
 
 
 def model_paths(model: dict, root: Path) -> tuple[str, str]:
@@ -536,20 +666,33 @@ def main() -> None:
         return
     import torch
 
-    from harness.results import environment, write_json
-
     on_cuda = torch.cuda.is_available()
+    gpus = torch.cuda.device_count() if on_cuda else 0
     chosen = [c for c in cases(on_cuda)
               if not args.cases or c.name in args.cases.split(",")]
-    env = environment()
+    if on_cuda and (more := [c.name for c in chosen if c.tensor_parallel_size > gpus]):
+        print(f"left out, they need more than the {gpus} GPU(s) here: {more}", flush=True)
+        chosen = [c for c in chosen if c.tensor_parallel_size <= gpus]
     where = "gpu" if on_cuda else "cpu"
-    out = args.out or HERE / "results" / f"equivalence_{where}_{env['date']}.json"
-    payload = {**env, "cases": []}
+    out = args.out or HERE / "results" / f"equivalence_{where}_{datetime.date.today()}.json"
+    run_matrix(chosen, args.models, out, on_cuda)
+
+
+def run_matrix(chosen: list[Case], models: Path, out: Path, on_cuda: bool,
+               keep: bool = False) -> dict:
+    """The cases one after the other, the result file written after each (a case that fails is
+    a row with its error, not the end of the matrix); returns the file's payload. ``keep``: the
+    rows ``out`` already holds stay, but for those of the cases run now."""
+    from harness.results import environment, write_json
+
+    names = {case.name for case in chosen}
+    kept = json.loads(out.read_text())["cases"] if keep and out.exists() else []
+    payload = {**environment(), "cases": [row for row in kept if row["name"] not in names]}
     for case in chosen:
         start = time.perf_counter()
         try:
-            row = run_case(case, model_paths(case.model, args.models), on_cuda)
-        except Exception as error:  # a failed case is a row, not the end of the matrix
+            row = run_case(case, model_paths(case.model, models), on_cuda)
+        except Exception as error:
             row = {"name": case.name, "exact": False, "error": str(error)[-2000:]}
         row["seconds"] = round(time.perf_counter() - start, 1)
         payload["cases"].append(row)
@@ -557,7 +700,7 @@ def main() -> None:
                                                    "checks_failed", "error", "seconds")}),
               flush=True)
         write_json(out, payload)
-
+    return payload
 
 if __name__ == "__main__":
     main()

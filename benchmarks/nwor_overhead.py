@@ -24,6 +24,10 @@ With ``--aa`` a second plugin-off engine runs beside them, and each cell also re
 the first (``aa_*``): what a ratio between two engines that differ in nothing looks like, the
 resolution of that cell's on/off ratio.
 
+``--tensor-parallel-size N`` runs every engine at that tensor-parallel size (N GPUs each, all
+engines on the same N; vLLM's custom all-reduce as it chooses), recorded in every cell and in
+the result's ``workload``; each run's GPU clocks are then sampled on all N GPUs.
+
 The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``). Acceptance is
 vLLM's synthetic rejection sampling at full acceptance (``synthetic_acceptance_length = k + 1``)
 thinned per request by the benchmark feature ``synthetic_acceptance_per_request`` to the rate
@@ -32,6 +36,8 @@ serves every L of a k; ``measured_L`` in each cell is what vLLM's counters saw.
 
     python benchmarks/nwor_overhead.py --method draft_model --k 2 4 8 --L 1.5 3.0 k+1 \\
         --batches 1 8 32 128 --jsonl $OUT/cells.jsonl
+    python benchmarks/nwor_overhead.py --method draft_model --k 4 --tensor-parallel-size 2 \\
+        --aa --jsonl $OUT/cells.jsonl                                      # two GPUs
     python benchmarks/nwor_overhead.py --merge $OUT/cells.jsonl --result <json>
 """
 
@@ -60,6 +66,7 @@ from harness.engines import (  # noqa: E402
     start_engines,
     stop_engines,
     tokens_per_second,
+    write_eagle3_head,
     write_models,
 )
 from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
@@ -82,11 +89,18 @@ def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> f
 
 def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
                   max_batch: int, cudagraph_mode: str | None = None,
-                  memory: float = 0.42) -> dict:
+                  memory: float = 0.42, tensor_parallel_size: int = 1,
+                  length: float | None = None) -> dict:
+    """One engine's ``LLM`` arguments. ``length``: for eagle3, the engine's own mean acceptance
+    length (vLLM's synthetic rejection sampling; the plugin's per-request thinning needs vLLM's
+    V1 runner, and vLLM runs EAGLE-3 on its V2 runner)."""
     speculative = {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",
                    "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
-    if method == "draft_model":
+    if method == "eagle3":
+        speculative.update(method="eagle3", model=draft, synthetic_acceptance_length=length)
+        del speculative["synthetic_acceptance_per_request"]
+    elif method == "draft_model":
         speculative.update(method="draft_model", model=draft)
     else:
         speculative.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=2)
@@ -98,6 +112,8 @@ def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
                   enable_prefix_caching=False, speculative_config=speculative)
     if cudagraph_mode:
         kwargs["compilation_config"] = {"cudagraph_mode": cudagraph_mode}
+    if tensor_parallel_size > 1:  # the draft model takes the same size (vLLM's default)
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
     return kwargs
 
 
@@ -109,24 +125,34 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
 
 def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
              profile_batches=(), profile_length=3.0, min_requests=1,
-             engine_core_process=False, aa=False, time_nwor_host=False) -> dict:
+             engine_core_process=False, aa=False, time_nwor_host=False,
+             tensor_parallel_size=1, progress=None) -> dict:
+    """One engine pair (and its A/A control): every cell, then the profiles. ``progress``, if
+    given, gets the record so far after each cell (the same shape, ``"partial": True``).
+    eagle3: one length, the engines' own (``engine_kwargs``)."""
     memory = 0.3 if aa else 0.42  # three engines share the GPU with --aa
+    tp = tensor_parallel_size
+    own_length = None
+    if method == "eagle3":
+        (own_length,) = lengths  # main() runs one engine pair per length
     configs = {
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode,
-                             memory),
-        "on": engine_kwargs(target, draft, method, k, True, max(batches), memory=memory)}
+                             memory, tp, own_length),
+        "on": engine_kwargs(target, draft, method, k, True, max(batches), memory=memory,
+                            tensor_parallel_size=tp, length=own_length)}
     if time_nwor_host:
         configs["on"][ENV_KEY] = {TIME_NWOR_HOST: "1"}
     if aa:  # a second plugin-off engine, alike in every way: the A/A spread of a cell
         configs["off_b"] = engine_kwargs(target, draft, method, k, False, max(batches),
-                                         baseline_mode, memory)
+                                         baseline_mode, memory, tp, own_length)
     engines = start_engines(configs, engine_core_process)
     rows = []
 
     def cell(L: float, batch: int, rep: int) -> dict[str, dict]:
         """One run per engine: max(batch, min_requests) requests, batch of them in flight."""
         count = max(batch, min_requests)
-        extra = [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * count
+        extra = None if own_length is not None else \
+            [{"synthetic_acceptance_rate": rate_for_length(L, k)}] * count
         batch_prompts = prompts(count, seed=1000 * batch + rep)
         runs = alternate(engines, batch_prompts, rep, extra,
                          batch if count > batch else None)
@@ -150,8 +176,11 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
                     for name, run in cell(L, batch, rep).items():
                         results[name].append(run)
                 rows.append({**summarise(method, k, L, batch, results),
-                             "engine_core_process": engine_core_process})
+                             "engine_core_process": engine_core_process,
+                             "tensor_parallel_size": tp})
                 print(json.dumps(rows[-1]), flush=True)
+                if progress is not None:
+                    progress(record(engines, baseline_mode, tp, rows, []) | {"partial": True})
         profiles = []
         for batch in profile_batches:
             extra = [{"synthetic_acceptance_rate": rate_for_length(profile_length, k)}] * batch
@@ -163,11 +192,16 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
                                  "tok_s": round(tokens_per_second(run), 1),
                                  "gpu_busy": run["gpu_busy"], "tables": run["profile"]})
                 print(name, batch, profiles[-1]["tok_s"], flush=True)
-        return {"startup_seconds": {n: round(e.startup_seconds, 1) for n, e in engines.items()},
-                "baseline_cudagraph_mode": baseline_mode or "vLLM default (FULL_AND_PIECEWISE)",
-                "cells": rows, "profiles": profiles}
+        return record(engines, baseline_mode, tp, rows, profiles)
     finally:
         stop_engines(engines)
+
+
+def record(engines, baseline_mode, tp, rows, profiles) -> dict:
+    """One engine pair's jsonl record."""
+    return {"startup_seconds": {n: round(e.startup_seconds, 1) for n, e in engines.items()},
+            "baseline_cudagraph_mode": baseline_mode or "vLLM default (FULL_AND_PIECEWISE)",
+            "tensor_parallel_size": tp, "cells": rows, "profiles": profiles}
 
 
 def compare(base: list[dict], other: list[dict]) -> dict:
@@ -333,29 +367,37 @@ def pooled(cells: list[dict]) -> dict:
 def merge(jsonl: Path, result: Path) -> None:
     from harness.results import recorded_environment
 
-    cells, startups, profiles = [], [], []
+    cells, startups, profiles, sizes = [], [], [], set()
     for line in jsonl.read_text().splitlines():
         record = json.loads(line)
         cells += record["cells"]
         profiles += record.get("profiles", [])
         startups.append(record["startup_seconds"])
+        sizes.add(record.get("tensor_parallel_size", 1))
+    if len(sizes) > 1:
+        raise SystemExit(f"{jsonl}: runs at tensor_parallel_size {sorted(sizes)}: merge (and "
+                         "pool) one size at a time")
     payload = {**recorded_environment(jsonl), "benchmark": "nwor_overhead",
                "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
                             "model": "Llama-3-8B shape, dummy weights, bf16",
                             "draft": "2-layer Llama, same vocabulary, dummy weights",
-                            "acceptance": "vLLM synthetic rejection sampling, mean length L"},
+                            "acceptance": "vLLM synthetic rejection sampling, mean length L",
+                            "tensor_parallel_size": sizes.pop() if sizes else 1},
                "baseline_cudagraph_mode": sorted({
                    r.get("baseline_cudagraph_mode", "vLLM default (FULL_AND_PIECEWISE)")
                    for r in map(json.loads, jsonl.read_text().splitlines())}),
                "startup_seconds": startups, "pooled": pooled(cells), "cells": cells}
     if profiles:
         payload["profiles"] = profiles
+    if any(json.loads(line).get("partial") for line in jsonl.read_text().splitlines()):
+        payload["partial"] = "the run stopped before its last cells: these are those it finished"
     write_json(result, payload)
     print(result)
 
 
 def cell_key(cell: dict) -> tuple:
-    return cell["method"], cell["batch"], cell["k"], cell["L"]
+    return (cell["method"], cell["batch"], cell["k"], cell["L"],
+            cell.get("tensor_parallel_size", 1))
 
 
 def write_pooled(results: list[Path], out: Path) -> None:
@@ -363,6 +405,10 @@ def write_pooled(results: list[Path], out: Path) -> None:
     (method, batch, k, L) that a later file measured again, on later code, is that file's
     alone: the earlier file's runs of it are left out and counted in its ``cells_replaced``."""
     payloads = [json.loads(path.read_text()) for path in results]
+    sizes = {c.get("tensor_parallel_size", 1) for p in payloads for c in p["cells"]}
+    if len(sizes) > 1:
+        raise SystemExit(f"cells at tensor_parallel_size {sorted(sizes)}: pool one size at a "
+                         "time")
     cells, sources = [], []
     for i, (path, payload) in enumerate(zip(results, payloads, strict=True)):
         later = {cell_key(c) for p in payloads[i + 1:] for c in p["cells"]}
@@ -379,7 +425,10 @@ def write_pooled(results: list[Path], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
+    parser.add_argument("--method", choices=["draft_model", "ngram", "eagle3"],
+                        default="draft_model",
+                        help="eagle3: a one-layer EAGLE-3 head of the target's shape, on "
+                        "vLLM's V2 runner; one engine pair per --L")
     parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--L", nargs="+", default=["1.5", "3.0", "k+1"],
                         help="mean acceptance lengths: numbers or k+1")
@@ -406,6 +455,9 @@ def main() -> None:
     parser.add_argument("--time-nwor-host", action="store_true",
                         help="time NWOR's host work per step outside the layers in the on "
                         "engine (nwor_host_* in each cell; engine core in-process only)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="every engine at this tensor-parallel size (that many GPUs each, "
+                        "the same ones for all engines)")
     parser.add_argument("--pool", type=Path, nargs="+",
                         help="with --result: pool the A/A cells of these merged results "
                         "(several runs' cells, see pooled(); a cell a later file has is taken "
@@ -420,15 +472,40 @@ def main() -> None:
         return
     if args.engine_core_process and (args.profile_batches or args.time_nwor_host):
         parser.error("--profile-batches and --time-nwor-host need the engine core in-process")
+    if args.tensor_parallel_size < 1:
+        parser.error(f"--tensor-parallel-size is {args.tensor_parallel_size}; allowed: 1 or more")
+    if args.tensor_parallel_size > 1 and (args.profile_batches or args.time_nwor_host):
+        parser.error("--profile-batches and --time-nwor-host read the model runner in the "
+                     "engine's process; at --tensor-parallel-size "
+                     f"{args.tensor_parallel_size} it runs in the workers: allowed only at 1")
+    # A run stopped at a device call's limit leaves its finished cells here, mergeable:
+    # --merge <jsonl stem>.partial.jsonl (the k being run, after the finished ks' records).
+    partial = None if args.jsonl is None else args.jsonl.with_suffix(".partial.jsonl")
+
+    def progress(so_far: dict) -> None:
+        done = args.jsonl.read_text() if args.jsonl.exists() else ""
+        partial.write_text(done + json.dumps(so_far) + "\n")
+
+    if args.method == "eagle3" and (args.profile_batches or args.time_nwor_host):
+        parser.error("--profile-batches and --time-nwor-host read vLLM's V1 runner; eagle3 "
+                     "runs on its V2 runner")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
+        if args.method == "eagle3":
+            draft = write_eagle3_head(Path(root))
         for k in args.k:
-            append_jsonl(args.jsonl, run_pair(target, draft, args.method, k,
-                                              lengths_for(k, args.L), args.batches, args.reps,
-                                              args.baseline_cudagraph_mode,
-                                              args.profile_batches, args.profile_L,
-                                              args.min_requests, args.engine_core_process,
-                                              args.aa, args.time_nwor_host))
+            lengths = lengths_for(k, args.L)
+            # vLLM's synthetic length is an engine setting: one engine pair per length.
+            for pair_lengths in ([[L] for L in lengths] if args.method == "eagle3"
+                                 else [lengths]):
+                append_jsonl(args.jsonl, run_pair(
+                    target, draft, args.method, k, pair_lengths, args.batches, args.reps,
+                    args.baseline_cudagraph_mode, args.profile_batches, args.profile_L,
+                    args.min_requests, args.engine_core_process, args.aa,
+                    args.time_nwor_host, args.tensor_parallel_size,
+                    progress if partial else None))
+    if partial is not None:
+        partial.unlink(missing_ok=True)  # every record is in the jsonl
 
 
 if __name__ == "__main__":

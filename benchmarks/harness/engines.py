@@ -73,6 +73,18 @@ def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[st
     return str(target), str(draft)
 
 
+def write_eagle3_head(root: Path) -> str:
+    """A config-only EAGLE-3 head for the 8B-shaped target (one layer, the target's attention
+    dims, its vocabulary; weights from ``load_format="dummy"``): vLLM 0.26 runs it on its V2
+    model runner."""
+    head = root / "eagle3-head"
+    head.mkdir(parents=True, exist_ok=True)
+    config = {**LLAMA3_8B, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle3"],
+              "draft_vocab_size": LLAMA3_8B["vocab_size"]}
+    (head / "config.json").write_text(json.dumps(config))
+    return str(head)
+
+
 def prompts(batch: int, seed: int, length: int = PROMPT_LEN) -> list[list[int]]:
     rng = random.Random(seed)
     # A repeated motif gives ngram something to match; the rest is random.
@@ -290,6 +302,7 @@ def engine_main(conn, kwargs: dict) -> None:
     import vllm_nwor
 
     llm = LLM(**kwargs)
+    gpus = tuple(range(kwargs.get("tensor_parallel_size", 1)))  # the ranks' CUDA devices
     spec = kwargs.get("speculative_config") is not None
     oracle = ORACLE in ablations
     if oracle:
@@ -386,7 +399,7 @@ def engine_main(conn, kwargs: dict) -> None:
             step_seconds.clear()
             nwor_host_before = dict(nwor_host) if nwor_host is not None else None
             scv_host_before = dict(scv_host) if scv_host is not None else None
-            clocks = ClockSampler()
+            clocks = ClockSampler(devices=gpus)
             probe_before = host_probe_ms()
             host_before = host_usage()
             if kind == "start":  # slices follow (interleave)
@@ -460,22 +473,26 @@ def engine_main(conn, kwargs: dict) -> None:
 
 
 class ClockSampler:
-    """Samples the GPU's SM clock (MHz) and power (W) through NVML every ``interval`` seconds in
-    a thread, from construction to :meth:`stop`. Benchmark diagnostics: whole runs of one engine
-    came at 1.3-1.7x its other runs' median step on one H200 (2026-11-23), on either side of a
+    """Samples the SM clock (MHz) and power (W) of the GPUs ``devices`` (CUDA indices, as the
+    engine's ranks use them: 0 alone for one GPU, ``range(tensor_parallel_size)`` for a
+    tensor-parallel engine) through NVML every ``interval`` seconds in a thread, from
+    construction to :meth:`stop`. Benchmark diagnostics: whole runs of one engine came at
+    1.3-1.7x its other runs' median step on one H200 (2026-11-23), on either side of a
     comparison; a run's clocks tell a slowed card from a slowed host. None where NVML does not
-    answer (no GPU, no nvidia-ml-py)."""
+    answer (no GPU, no nvidia-ml-py). The handles are found by index, so the sampling process
+    (an engine's, whose workers hold the GPUs under tensor parallelism) opens no CUDA context."""
 
-    def __init__(self, interval: float = 0.25) -> None:
+    def __init__(self, interval: float = 0.25, devices: tuple[int, ...] = (0,)) -> None:
         import threading
 
-        self._samples: list[tuple[int, float]] = []
+        self._samples: list[list[tuple[int, float]]] = [[] for _ in devices]
         self._done = threading.Event()
-        self._thread = self._handle = None
-        try:  # torch's handle for this process's GPU (NVML's index under CUDA_VISIBLE_DEVICES)
+        self._thread = None
+        self._handles: list = []
+        try:  # torch's NVML handles (NVML's index under CUDA_VISIBLE_DEVICES)
             import torch
 
-            self._handle = torch.cuda._get_pynvml_handler()
+            self._handles = [torch.cuda._get_pynvml_handler(i) for i in devices]
         except Exception:  # no GPU, no NVML: nothing to report
             return
         if self._sample():
@@ -486,27 +503,38 @@ class ClockSampler:
         try:
             import pynvml
 
-            self._samples.append((pynvml.nvmlDeviceGetClockInfo(self._handle, pynvml.NVML_CLOCK_SM),
-                                  pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000))
-            return True
+            samples = [(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                        pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)
+                       for handle in self._handles]
         except Exception:
             return False
+        for device, sample in zip(self._samples, samples, strict=True):
+            device.append(sample)
+        return True
 
     def _loop(self, interval: float) -> None:
         while not self._done.wait(interval) and self._sample():
             pass
 
+    @staticmethod
+    def _summary(samples: list[tuple[int, float]]) -> dict:
+        mhz = [m for m, _ in samples]
+        return {"samples": len(mhz), "sm_mhz_median": statistics.median(mhz),
+                "sm_mhz_min": min(mhz),
+                "power_w_median": round(statistics.median(w for _, w in samples), 1)}
+
     def stop(self) -> dict | None:
-        """The run's samples: how many, SM clock median and minimum, power median."""
+        """The run's samples: how many, SM clock median and minimum, power median; with
+        several GPUs over all of their samples, and each GPU's under ``devices``."""
         self._done.set()
         if self._thread is not None:
             self._thread.join()
-        if not self._samples:
+        if not self._handles or not self._samples[0]:
             return None
-        mhz = [m for m, _ in self._samples]
-        return {"samples": len(mhz), "sm_mhz_median": statistics.median(mhz),
-                "sm_mhz_min": min(mhz),
-                "power_w_median": round(statistics.median(w for _, w in self._samples), 1)}
+        summary = self._summary([s for device in self._samples for s in device])
+        if len(self._samples) > 1:
+            summary["devices"] = [self._summary(device) for device in self._samples]
+        return summary
 
 
 def host_probe_ms(repeat: int = 5) -> float:

@@ -34,7 +34,7 @@ def environment() -> dict:
     import vllm_nwor
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-    return {
+    environment = {
         "date": datetime.date.today().isoformat(),
         "commit": git_commit(),
         "vllm": vllm.__version__,
@@ -42,6 +42,10 @@ def environment() -> dict:
         "vllm_nwor": vllm_nwor.__version__,
         "device": device or platform.machine(),
     }
+    if torch.cuda.device_count() > 1:  # every GPU this process sees (tensor-parallel runs)
+        environment["gpus"] = [torch.cuda.get_device_name(i)
+                               for i in range(torch.cuda.device_count())]
+    return environment
 
 
 def recorded_environment(jsonl: Path) -> dict:

@@ -10,7 +10,10 @@ exists, every step of the target model is checked after rejection sampling and t
 - NWOR's counters moved by exactly what vLLM's sampler decided this step: staged == drafted,
   committed == accepted, rejected == drafted - accepted (the per-step form of "committed ==
   vLLM's accepted tokens");
-- the process's resident memory and, on CUDA, the allocator's bytes, sampled once a second.
+- the process's resident memory and, on CUDA, the allocator's bytes, sampled once a second;
+- what the worker ran (``step_record.WorkerRecord``: its tensor-parallel rank and device, graph
+  mode of each target step by batch shape, custom all-reduce, NWOR's FULL-graph steps), so that
+  a test can check every rank of a tensor-parallel engine.
 
 The state goes to ``$NWOR_SOAK_AUDIT_DIR/audit-<pid>.json`` after every step (written whole,
 then renamed), where the soak driver reads it. Without that variable the plugin does nothing.
@@ -66,6 +69,7 @@ class StepAudit:
     @classmethod
     def attach(cls, runner) -> None:
         from cache_audit import CacheAudit, read_cpu_attn_tokens, read_flash_attn_tokens
+        from step_record import WorkerRecord
 
         import vllm_nwor
         from vllm_nwor.patches.nwor.model_runner import attention_layers
@@ -73,12 +77,13 @@ class StepAudit:
         layers = attention_layers(runner.get_model())
         read = read_flash_attn_tokens if runner.device.type == "cuda" else read_cpu_attn_tokens
         audit = CacheAudit(runner, layers, read, runner.cache_config.block_size)
-        cls(runner, audit, lambda: vllm_nwor.runner_counters(runner))
+        worker = WorkerRecord(runner, layers)
+        cls(runner, audit, lambda: vllm_nwor.runner_counters(runner), worker.as_dict)
 
-    def __init__(self, runner, audit, counters) -> None:
+    def __init__(self, runner, audit, counters, worker=lambda: None) -> None:
         import torch
 
-        self.runner, self.audit, self.counters = runner, audit, counters
+        self.runner, self.audit, self.counters, self.worker = runner, audit, counters, worker
         self.path = Path(os.environ[ENV_DIR]) / f"audit-{os.getpid()}.json"
         self.on_cuda = runner.device.type == "cuda" and torch.cuda.is_available()
         self.steps = self.verify_steps = 0
@@ -151,6 +156,7 @@ class StepAudit:
             "counter_violations": self.num_counter_violations,
             "counter_violation_samples": self.counter_violations,
             "counters": self.last, "fallbacks": self.fallbacks, "memory": self.memory,
+            "worker": self.worker(),
         }
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))

@@ -40,6 +40,11 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
               for p in scv.POLICIES if p != "vllm_batch_schedule"]
     cases += [(f"nwor_overhead:{m}:{nwor}", overhead.engine_kwargs("t", "d", m, 4, nwor, 8))
               for m in ("draft_model", "ngram") for nwor in (False, True)]
+    cases += [(f"nwor_overhead:tp2:{nwor}", overhead.engine_kwargs(
+        "t", "d", "draft_model", 4, nwor, 8, memory=0.3, tensor_parallel_size=2))
+        for nwor in (False, True)]
+    cases += [(f"nwor_overhead:eagle3:{nwor}", overhead.engine_kwargs(
+        "t", "d", "eagle3", 4, nwor, 8, memory=0.3, length=2.5)) for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))
               for w in (None, 256)]
     profile = importlib.import_module("scv_step_profile")
@@ -353,6 +358,75 @@ def test_pool_takes_a_cell_measured_again_from_the_later_file(tmp_path):
     assert group["cells"] == 4
     assert group["throughput_ratio_paired"]["geomean"] == round(
         (0.98 * 0.99 * 1.0 * 0.99) ** (1 / 4), 4)
+
+
+def test_overhead_at_two_gpus_records_its_size_and_merges_one_size_at_a_time(tmp_path):
+    """``--tensor-parallel-size 2``: every engine at that size, recorded in its cells and the
+    result's workload; runs of two sizes are not merged or pooled into one figure; a run cut
+    short at its last cells merges from its partial record, said so in the result."""
+    overhead = importlib.import_module("nwor_overhead")
+    assert overhead.engine_kwargs("t", "d", "ngram", 4, True, 8)["speculative_config"][
+        "nwor"] and "tensor_parallel_size" not in overhead.engine_kwargs(
+        "t", "d", "ngram", 4, True, 8)
+    assert overhead.engine_kwargs("t", "d", "ngram", 4, True, 8,
+                                  tensor_parallel_size=2)["tensor_parallel_size"] == 2
+    cell = {"method": "draft_model", "batch": 8, "k": 4, "L": 3.0, "tensor_parallel_size": 2,
+            "throughput_ratio_paired": 1.0, "aa_throughput_ratio_paired": 1.0}
+    record = {"startup_seconds": {"off": 80.0}, "tensor_parallel_size": 2, "cells": [cell],
+              "profiles": []}
+    (tmp_path / "environment.json").write_text(json.dumps({"device": "NVIDIA H100",
+                                                           "gpus": ["NVIDIA H100"] * 2}))
+    jsonl = tmp_path / "cells.partial.jsonl"
+    jsonl.write_text(json.dumps(record | {"partial": True}) + "\n")
+    overhead.merge(jsonl, tmp_path / "tp2.json")
+    merged = json.loads((tmp_path / "tp2.json").read_text())
+    assert merged["workload"]["tensor_parallel_size"] == 2 and "partial" in merged
+    assert merged["gpus"] == ["NVIDIA H100"] * 2
+    one = {**record, "tensor_parallel_size": 1,
+           "cells": [{**cell, "tensor_parallel_size": 1}]}
+    jsonl.write_text(json.dumps(record) + "\n" + json.dumps(one) + "\n")
+    with pytest.raises(SystemExit, match=r"tensor_parallel_size \[1, 2\]"):
+        overhead.merge(jsonl, tmp_path / "mixed.json")
+    (tmp_path / "tp1.json").write_text(json.dumps({"cells": one["cells"]}))
+    with pytest.raises(SystemExit, match="pool one size at a time"):
+        overhead.write_pooled([tmp_path / "tp1.json", tmp_path / "tp2.json"], tmp_path / "p.json")
+    assert overhead.cell_key(cell) != overhead.cell_key(one["cells"][0])
+
+
+@pytest.mark.parametrize("flags", [["--time-nwor-host"], ["--profile-batches", "8"]])
+def test_overhead_refuses_in_process_diagnostics_at_two_gpus(monkeypatch, capsys, flags):
+    overhead = importlib.import_module("nwor_overhead")
+    monkeypatch.setattr(sys, "argv", ["nwor_overhead.py", "--tensor-parallel-size", "2", *flags])
+    with pytest.raises(SystemExit):
+        overhead.main()
+    assert "at --tensor-parallel-size 2 it runs in the workers" in capsys.readouterr().err
+
+
+def test_clock_sampler_samples_every_gpu_of_a_tensor_parallel_engine(monkeypatch):
+    """NVML handles by CUDA index (no CUDA context in the sampling process), one per GPU; the
+    summary covers all of their samples, each GPU's beside it. A stand-in NVML: GPU 1 runs
+    slower and hotter."""
+    import types
+
+    import torch
+
+    gpu_engines = importlib.import_module("harness.engines")
+    clocks, power = {0: 1980, 1: 1500}, {0: 500_000, 1: 700_000}
+    nvml = types.SimpleNamespace(
+        NVML_CLOCK_SM=0, nvmlDeviceGetClockInfo=lambda handle, _: clocks[handle],
+        nvmlDeviceGetPowerUsage=lambda handle: power[handle])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "_get_pynvml_handler",
+                        lambda device=None: asked.append(device) or device)
+    summary = gpu_engines.ClockSampler(interval=60, devices=(0, 1)).stop()
+    assert asked == [0, 1]
+    assert summary["sm_mhz_min"] == 1500 and summary["samples"] == 2
+    assert [d["sm_mhz_median"] for d in summary["devices"]] == [1980, 1500]
+    assert [d["power_w_median"] for d in summary["devices"]] == [500.0, 700.0]
+    one = gpu_engines.ClockSampler(interval=60).stop()  # one GPU: as before, no "devices"
+    assert asked[-1] == 0 and one == {"samples": 1, "sm_mhz_median": 1980, "sm_mhz_min": 1980,
+                                      "power_w_median": 500.0}
 
 
 def test_run_diagnostics_on_a_machine_without_a_gpu():

@@ -146,21 +146,24 @@ def test_data_parallelism_is_refused_naming_the_setting(tiny_models):
         args.create_engine_config()
 
 
-@pytest.mark.parametrize("sizes, on_cpu, refused", [
-    ({"tensor_parallel_size": 2}, True, None),  # verified: tests/engine/test_tensor_parallel.py
-    ({"tensor_parallel_size": 2}, False, "verified on vLLM's CPU engine only so far, not on 'H'"),
-    ({"tensor_parallel_size": 1}, False, None),
-    ({"pipeline_parallel_size": 2}, True, "supports pipeline_parallel_size=1 only, got 2"),
-    ({"data_parallel_size": 2}, False, "supports data_parallel_size=1 only, got 2"),
+@pytest.mark.parametrize("sizes, refused", [
+    ({"tensor_parallel_size": 2}, None),  # test_tensor_parallel.py, test_tensor_parallel_gpu.py
+    ({"tensor_parallel_size": 1}, None),
+    ({"pipeline_parallel_size": 2}, "supports pipeline_parallel_size=1 only, got 2"),
+    ({"pipeline_parallel_size": 2, "tensor_parallel_size": 2},
+     "supports pipeline_parallel_size=1 only, got 2: not verified; allowed: 1"),
+    ({"data_parallel_size": 2}, "supports data_parallel_size=1 only, got 2"),
+    ({"data_parallel_size": 4, "tensor_parallel_size": 2},
+     "supports data_parallel_size=1 only, got 4: not verified; allowed: 1"),
 ])
-def test_parallelism_refused_where_not_verified(sizes, on_cpu, refused):
+def test_parallelism_refused_where_not_verified(sizes, refused):
     from types import SimpleNamespace
 
     from vllm_nwor.patches.engine_args import unsupported_parallelism
 
     config = SimpleNamespace(**({"tensor_parallel_size": 1, "pipeline_parallel_size": 1,
                                  "data_parallel_size": 1} | sizes))
-    message = unsupported_parallelism(config, on_cpu, "H")
+    message = unsupported_parallelism(config)
     assert (message is None) if refused is None else (refused in message), message
 
 

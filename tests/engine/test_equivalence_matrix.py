@@ -12,6 +12,7 @@ code) is recorded under benchmarks/results/equivalence_gpu_*.json.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -57,3 +58,112 @@ def test_the_comparison_fails_on_one_changed_token():
         {"request": 0, "seq": 0, "first_difference": 1}]
     on = {"outputs": [out | {"logprobs": [[-0.1, -0.25, -0.3]]}]}
     assert not equivalence.compare(off, on, 0.0)["greedy_logprobs_exact"]
+
+
+def test_sampled_tokens_are_compared_apart_from_the_greedy_verdict():
+    """A sampled sequence that differs leaves ``exact`` (greedy, and sampled logprobs up to the
+    difference) as it was, and shows in ``sampled_tokens_exact``."""
+    out = {"tokens": [[5, 6, 7]], "logprobs": [[-0.1, -0.2, -0.3]], "finish": ["length"],
+           "stop": [None], "sampled": True}
+    off = {"outputs": [out]}
+    assert equivalence.compare(off, off, 0.0)["sampled_tokens_exact"]
+    result = equivalence.compare(off, {"outputs": [out | {"tokens": [[5, 6, 9]]}]}, 0.0)
+    assert result["exact"] and not result["sampled_tokens_exact"]
+
+
+TP_CASE = next(c for c in equivalence.cases(on_cuda=True) if c.name == "tp2_draft_model")
+
+
+def tp_row() -> dict:
+    """A tp2 row as run_case makes it, on two GPUs, every check passing."""
+    counters = {"verify_steps_staged": 9, "tokens_staged": 30, "tokens_committed": 10,
+                "tokens_rejected": 20, "kv_bytes_not_written": 100, "fallbacks": {}}
+    worker = {"device_type": "cuda", "custom_all_reduce": True, "nwor_graph_steps": 5,
+              "full_verify_steps": 7, "dispatches": {"4:FULL": 7, "mixed:PIECEWISE": 2}}
+    ranks = [{"tp_rank": rank, "steps": 12, "drafted": 30, "accepted": 10,
+              "worker": dict(worker)} for rank in (0, 1)]
+    return {"counters": counters | {"kv_bytes_not_written": 200}, "counters_error": None,
+            "rank_counters": [dict(counters), dict(counters)], "drafted": 30, "accepted": 10,
+            "prefix_cache_hits": 4, "preemptions": 0, "sampled_tokens_exact": True,
+            "settings": {"async_scheduling": False, "enable_prefix_caching": True},
+            "audit": {"num_violations": 0, "violations": [], "ranks": ranks},
+            "off": {"audit": {"ranks": [dict(r) for r in ranks]}}}
+
+
+def break_rank_counters(row):
+    row["rank_counters"][1]["tokens_committed"] = 0
+
+
+def break_custom_all_reduce(row):
+    row["audit"]["ranks"][1]["worker"]["custom_all_reduce"] = False
+
+
+def break_full_graphs(row):
+    row["audit"]["ranks"][0]["worker"]["nwor_graph_steps"] = 0
+
+
+def break_verdicts(row):
+    row["audit"]["ranks"][1]["accepted"] = 11
+
+
+def lose_a_rank(row):
+    del row["audit"]["ranks"][1]
+
+
+def break_seeded_sampling(row):
+    row["sampled_tokens_exact"] = False
+
+
+def break_the_baseline(row):
+    row["off"]["audit"]["ranks"][1]["accepted"] = 11
+
+
+def counters_disagree(row):
+    row["counters"] = None
+    row["counters_error"] = ("NWOR counters differ across tensor-parallel ranks: "
+                             "tokens_committed is rank 0: 10, rank 1: 0")
+
+
+@pytest.mark.parametrize("breaks, failure", [
+    (break_rank_counters, "NWOR's counters by rank differ"),
+    (break_custom_all_reduce, "rank 1: custom all-reduce is off"),
+    (break_full_graphs, "rank 0: 0 staged steps in FULL graphs, 7 FULL verify steps"),
+    (break_verdicts, "ranks saw different (steps, drafted, accepted)"),
+    (lose_a_rank, "audited ranks [0], expected 0 to 1"),
+    (break_seeded_sampling, "seeded sampled tokens differ from NWOR off's"),
+    (counters_disagree, "tokens_committed is rank 0: 10, rank 1: 0"),
+    (break_the_baseline, "NWOR off: vLLM's ranks saw different"),
+])
+def test_tensor_parallel_checks_fail_on_each_broken_claim(breaks, failure):
+    """The GPU rows' checks (equivalence.tp_checks, through checks) pass a good two-rank row
+    and name each claim that one broken rank breaks."""
+    assert equivalence.checks(tp_row(), TP_CASE) == []
+    row = tp_row()
+    breaks(row)
+    failed = equivalence.checks(row, TP_CASE)
+    assert any(failure in line for line in failed), failed
+
+
+def test_run_matrix_keeps_the_rows_of_cases_run_before(tmp_path, monkeypatch):
+    """The GPU TP test runs one case at a time into one result file (``keep``): rows of other
+    cases stay, a case run again replaces its row, and a case that fails is a row with its
+    error."""
+    def run_case(case, paths, on_cuda):
+        if case.name == "tp2_ngram":
+            raise RuntimeError("probe failed")
+        return {"name": case.name, "exact": True}
+
+    monkeypatch.setattr(equivalence, "run_case", run_case)
+    monkeypatch.setattr(equivalence, "model_paths", lambda model, root: ("t", "d"))
+    out = tmp_path / "tp2.json"
+    tp2 = {c.name: c for c in equivalence.cases(on_cuda=True) if c.tensor_parallel_size == 2}
+    out.write_text('{"cases": [{"name": "tp2_draft_model", "exact": false}, {"name": "x"}]}')
+    payload = equivalence.run_matrix([tp2["tp2_draft_model"]], tmp_path, out, True, keep=True)
+    assert [(r["name"], r.get("exact")) for r in payload["cases"]] == [
+        ("x", None), ("tp2_draft_model", True)]
+    payload = equivalence.run_matrix([tp2["tp2_ngram"]], tmp_path, out, True, keep=True)
+    assert [r["name"] for r in payload["cases"]] == ["x", "tp2_draft_model", "tp2_ngram"]
+    assert "probe failed" in payload["cases"][-1]["error"]
+    assert json.loads(out.read_text()) == payload
+    payload = equivalence.run_matrix([tp2["tp2_ngram"]], tmp_path, out, True)  # not kept
+    assert [r["name"] for r in payload["cases"]] == ["tp2_ngram"]

@@ -10,6 +10,7 @@ and logprobs, both ranks' counters are equal, and they equal vLLM's spec-decode 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def _cpus() -> list[int]:
 pytestmark = pytest.mark.skipif(len(_cpus()) < 2, reason="two worker processes need two CPUs")
 
 
-def _run(models: tuple[str, str], nwor: str, site: Path, audit_dir: Path | None) -> dict:
+def _run(models: tuple[str, str], nwor: str, site: Path, audit_dir: Path | None,
+         keys: dict | None = None) -> dict:
     env = dict(os.environ)
     # One core per worker: vLLM's automatic binding wants a NUMA node per worker.
     first, second = _cpus()[:2]
@@ -39,7 +41,7 @@ def _run(models: tuple[str, str], nwor: str, site: Path, audit_dir: Path | None)
     env.pop(soak_audit.ENV_DIR, None)
     if audit_dir is not None:
         env[soak_audit.ENV_DIR] = str(audit_dir)
-    return run_probe("tp_probe.py", [*models, nwor], env, timeout=900)
+    return run_probe("tp_probe.py", [*models, nwor, json.dumps(keys or {})], env, timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -87,4 +89,39 @@ def test_every_rank_audited_every_step(runs):
         assert audit["counter_violations"] == 0, audit["counter_violation_samples"]
         assert audit["fallbacks"] == {}
     # The ranks saw the same verdicts.
+    assert len({(a["drafted"], a["accepted"], a["steps"]) for a in audits}) == 1
+
+
+# SCV and the draft context window: their choices are made once per engine (the scheduler's
+# chunks, and the window from the config), so every rank must verify and commit the same.
+SCV_KEYS = {"scv": "adaptive", "scv_probe_interval": 2, "draft_context_window": 32,
+            # drafts priced cheap: the online fit would hold every request at chunk 0 on a CPU
+            "scv_cost_model": [0.01, 5e-4, 5e-5]}
+
+
+@pytest.fixture(scope="module")
+def scv_run(tiny_models, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("tp-scv")
+    audit_dir = tmp / "audit"
+    audit_dir.mkdir()
+    run = _run(tiny_models, "on", tmp / "site", audit_dir, SCV_KEYS)
+    return run | {"audit": soak_audit.read_status(audit_dir)}
+
+
+def test_scv_and_draft_window_make_the_same_choices_on_every_rank(runs, scv_run):
+    # Greedy output is the target's: chunking and a windowed draft change only the drafts.
+    assert scv_run["tokens"] == runs["off"]["tokens"]
+    budgets = scv_run["scv_budgets"]
+    # steps planned at each draft budget 0..k: several sizes were used
+    assert budgets is not None and sum(1 for n in budgets if n) > 1, budgets
+    ranks = scv_run["rank_counters"]
+    tokens = [{k: v for k, v in r.items() if k != "kv_bytes_not_written"} for r in ranks]
+    assert len(ranks) == 2 and tokens[0] == tokens[1]
+    drafted, accepted = scv_run["greedy_spec_stats"]
+    assert 0 < accepted < drafted
+    audits = scv_run["audit"]
+    assert len(audits) == 2
+    for audit in audits:
+        assert audit["cache_violations"] == 0, audit["cache_violation_samples"]
+        assert audit["counter_violations"] == 0, audit["counter_violation_samples"]
     assert len({(a["drafted"], a["accepted"], a["steps"]) for a in audits}) == 1

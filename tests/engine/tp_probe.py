@@ -1,6 +1,7 @@
 """Run by test_tensor_parallel.py in a fresh process: one engine at tensor_parallel_size 2.
 
-argv: target, draft, "on" or "off" (NWOR). Prints one ``SUMMARY <json>`` line: the greedy
+argv: target, draft, "on" or "off" (NWOR), and optionally a JSON object of more plugin keys
+(SCV, the draft context window). Prints one ``SUMMARY <json>`` line: the greedy
 requests' tokens and logprobs, vLLM's spec-decode stats, and with NWOR on every rank's counters
 (read through ``collective_rpc``) and their combination (which raises if the ranks disagree).
 """
@@ -18,10 +19,12 @@ from engine_utils import PROMPTS, engine, spec_config, spec_decode_stats  # noqa
 from vllm import SamplingParams  # noqa: E402
 
 
-def main(target: str, draft: str, nwor: str) -> None:
+def main(target: str, draft: str, nwor: str, keys: str = "{}") -> None:
     import vllm_nwor
+    from vllm_nwor.inspect import scv_policy
 
-    config = spec_config("draft_model", draft, k=3, **({"nwor": True} if nwor == "on" else {}))
+    config = spec_config("draft_model", draft, k=3, **({"nwor": True} if nwor == "on" else {}),
+                         **json.loads(keys))
     # tensor_parallel_size=2 is what this test is about; the rest are engine_options' defaults.
     with engine(target, config, tensor_parallel_size=2) as llm:
         greedy = SamplingParams(max_tokens=40, temperature=0.0, logprobs=2)
@@ -42,10 +45,12 @@ def main(target: str, draft: str, nwor: str) -> None:
             "spec_stats": spec_decode_stats(llm),
             "rank_counters": llm.collective_rpc("nwor_counters"),
         }
+        policy = scv_policy(llm)
+        summary["scv_budgets"] = None if policy is None else list(policy.budget_counts)
         counters = vllm_nwor.get_counters(llm)
         summary["counters"] = None if counters is None else counters.as_dict()
     print("SUMMARY " + json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

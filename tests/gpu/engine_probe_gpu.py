@@ -15,7 +15,6 @@ target's own MTP layer).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ from cache_audit import (  # noqa: E402
     read_flash_attn_tokens,
     runner_of,
 )
+from step_record import record_dispatches  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
@@ -59,38 +59,6 @@ def _limited_copy(draft: str, max_positions: int) -> str:
     config["max_position_embeddings"] = max_positions
     (copy / "config.json").write_text(json.dumps(config))
     return str(copy)
-
-
-def record_dispatches(runner) -> dict[str, int]:
-    """Counts the target's graph modes by batch shape from now on: ``"<q>:<mode>"`` for uniform
-    batches of ``q`` tokens per request, ``"mixed:<mode>"`` for the others."""
-    counts: dict[str, int] = {}
-    if is_v2_runner(runner):  # V2: its CUDA-graph manager picks the descriptor
-        manager = runner.cudagraph_manager
-        dispatch = manager.dispatch
-
-        def recording_v2(num_reqs, num_tokens, uniform_token_count, *args, **kwargs):
-            desc = dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
-            key = f"{uniform_token_count or 'mixed'}:{desc.cg_mode.name}"
-            counts[key] = counts.get(key, 0) + 1
-            return desc
-
-        manager.dispatch = recording_v2
-        return counts
-    determine = runner._determine_batch_execution_and_padding
-    signature = inspect.signature(determine)
-
-    def recording(*args, **kwargs):
-        result = determine(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs).arguments
-        query_len = bound["max_num_scheduled_tokens"]
-        uniform = bound["num_tokens"] == query_len * bound["num_reqs"]
-        key = f"{query_len if uniform else 'mixed'}:{result[0].name}"
-        counts[key] = counts.get(key, 0) + 1
-        return result
-
-    runner._determine_batch_execution_and_padding = recording
-    return counts
 
 
 def main(spec: dict, out_path: str) -> None:

@@ -58,6 +58,7 @@ def probe(tmp_path, spec: dict, v2: bool) -> dict:
         [sys.executable, str(HERE / "engine_probe_gpu.py"), json.dumps({**spec, "v2": v2}),
          str(out)], capture_output=True, text=True, timeout=500, env=env,
     )
+    out.with_suffix(".stderr").write_text(proc.stderr)  # whole: vLLM's errors can be long
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
     print(spec["method"], "V2" if v2 else "V1", spec["speculative"],

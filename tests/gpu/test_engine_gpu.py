@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import step_record
 
 HERE = Path(__file__).parent
 
@@ -48,8 +49,7 @@ def probe(models, tmp_path, method, nwor, **spec) -> dict:
 
 def full_verify_steps(run: dict) -> int:
     """Steps of more than one token per request that replayed a FULL graph."""
-    return sum(n for key, n in run["dispatches"].items()
-               if key.endswith(":FULL") and key.split(":")[0] not in ("1", "mixed"))
+    return step_record.full_verify_steps(run["dispatches"])
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:

@@ -10,7 +10,6 @@ import dataclasses
 from typing import Any
 
 from vllm.engine.arg_utils import EngineArgs
-from vllm.platforms import current_platform
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import (
@@ -119,8 +118,7 @@ def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
     refused = unsupported_kv_cache_dtype(vllm_config.cache_config.cache_dtype)
     if refused is not None:
         raise NworConfigError(f"'nwor': true does not support {refused}")
-    refused = unsupported_parallelism(vllm_config.parallel_config, current_platform.is_cpu(),
-                                      current_platform.device_name)
+    refused = unsupported_parallelism(vllm_config.parallel_config)
     if refused is not None:
         raise NworConfigError(f"'nwor': true {refused}")
     refused = unsupported_compilation(vllm_config.compilation_config)
@@ -128,21 +126,19 @@ def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
         raise NworConfigError(f"'nwor': true does not support {refused}")
 
 
-def unsupported_parallelism(parallel_config: Any, on_cpu: bool, device_name: str) -> str | None:
+def unsupported_parallelism(parallel_config: Any) -> str | None:
     """What of ``parallel_config`` NWOR cannot serve, or None.
 
     Under tensor parallelism every rank stages and commits its own KV heads from the first
-    rank's verdict (``patches/nwor/model_runner.py``); that is verified on vLLM's CPU engine,
-    not yet on a GPU. Pipeline stages would need the last stage's verdict before their commit, and
-    data-parallel replicas each have their own scheduler: neither is verified."""
+    rank's verdict, broadcast after rejection sampling (``patches/nwor/model_runner.py``), on
+    any platform NWOR runs on (``tests/engine/test_tensor_parallel.py`` on vLLM's CPU engine,
+    ``tests/gpu/test_tensor_parallel_gpu.py`` on two GPUs with FLASH_ATTN, CUDA graphs and custom
+    all-reduce). Pipeline stages would need the last stage's verdict before their commit, and
+    data-parallel replicas each have their own scheduler: neither is verified, both are refused."""
     for key in ("pipeline_parallel_size", "data_parallel_size"):
         size = getattr(parallel_config, key, 1)
         if size != 1:
             return f"supports {key}=1 only, got {size}: not verified; allowed: 1"
-    tp = parallel_config.tensor_parallel_size
-    if tp > 1 and not on_cpu:
-        return (f"with tensor_parallel_size={tp} is verified on vLLM's CPU engine only so far, "
-                f"not on {device_name!r}; allowed there: tensor_parallel_size=1")
     return None
 
 
