@@ -15,8 +15,8 @@ Every case runs NWOR off, then on, both with the per-step cache audit:
 
 Asserted: tokens and logprobs identical, the audit clean with NWOR on and catching vLLM's
 rejected writes with NWOR off (its negative control), NWOR's counters equal to the audit's
-per-step count of drafted and accepted tokens, and verify batches replaying FULL graphs
-captured with NWOR's staged path.
+per-step count of drafted and accepted tokens, the requests' acceptance lengths adding up to
+vLLM's counts, and verify batches replaying FULL graphs captured with NWOR's staged path.
 """
 
 from __future__ import annotations
@@ -107,6 +107,11 @@ def test_nwor_on_gives_vllms_tokens_and_keeps_rejected_drafts_out(models, tmp_pa
     assert (counters["tokens_staged"], counters["tokens_committed"]) == (
         audit["drafted"], audit["accepted"])
     assert on["drafted"] <= counters["tokens_staged"]
+
+    # Telemetry: each request's acceptance lengths, one per verify step, are vLLM's counts.
+    lengths = on["acceptance"]
+    assert sum(map(sum, lengths)) == on["accepted"]
+    assert K * sum(map(len, lengths)) == on["drafted"]
 
     # Verify batches (1 + K tokens per request) replayed FULL graphs with the staged path.
     assert on["dispatches"].get(f"{1 + K}:FULL", 0) > 0, on["dispatches"]

@@ -148,6 +148,17 @@ def _wrap_initialize_kv_cache(initialize_kv_cache):
     return wrapper
 
 
+def begin_verify_step(interceptor: NworInterceptor, num_draft_tokens, query_start_loc,
+                      device, num_scheduled_tokens) -> None:
+    """Begins the step from the batch's draft counts (None: no drafts), query start locations
+    and scheduled tokens per request (host, batch order), for either runner. A step that is not
+    staged but has requests of more than one token may replay a FULL graph captured with the
+    staged path: it writes every row."""
+    if not interceptor.begin_batch(num_draft_tokens, query_start_loc, device) and \
+            len(num_scheduled_tokens) and num_scheduled_tokens.max() > 1:
+        interceptor.unstage_rows(int(num_scheduled_tokens.sum()))
+
+
 def _wrap_prepare_inputs(prepare_inputs):
     def wrapper(self, scheduler_output, num_scheduled_tokens):
         logits_indices, spec_decode_metadata = prepare_inputs(
@@ -158,11 +169,8 @@ def _wrap_prepare_inputs(prepare_inputs):
             num_reqs = self.input_batch.num_reqs
             drafts = None if spec_decode_metadata is None else \
                 spec_decode_metadata.num_draft_tokens
-            if not interceptor.begin_batch(drafts, self.query_start_loc.np[: num_reqs + 1],
-                                           self.device) and \
-                    len(num_scheduled_tokens) and num_scheduled_tokens.max() > 1:
-                # A FULL graph captured with the staged path may replay: write every row.
-                interceptor.unstage_rows(int(num_scheduled_tokens.sum()))
+            begin_verify_step(interceptor, drafts, self.query_start_loc.np[: num_reqs + 1],
+                              self.device, num_scheduled_tokens)
         return logits_indices, spec_decode_metadata
 
     return wrapper

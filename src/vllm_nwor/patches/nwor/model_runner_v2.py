@@ -34,7 +34,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
 from vllm_nwor.config import NworConfigError
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor.binding import interceptor_of, wrap_capture_model
-from vllm_nwor.patches.nwor.model_runner import bind
+from vllm_nwor.patches.nwor.model_runner import begin_verify_step, bind
 
 PLACEHOLDER = -1  # what the commit's verdict reads as "no token here" (V1's padding)
 
@@ -56,13 +56,9 @@ def _wrap_prepare_inputs(prepare_inputs):
         input_batch = prepare_inputs(self, scheduler_output, batch_desc)
         interceptor = interceptor_of(self)
         if interceptor is not None:
-            num_reqs = input_batch.num_reqs
-            if not interceptor.begin_batch(input_batch.num_draft_tokens_per_req,
-                                           input_batch.query_start_loc_np[: num_reqs + 1],
-                                           self.device) and \
-                    num_reqs and input_batch.num_scheduled_tokens.max() > 1:
-                # A FULL graph captured with the staged path may replay: write every row.
-                interceptor.unstage_rows(input_batch.num_tokens)
+            begin_verify_step(interceptor, input_batch.num_draft_tokens_per_req,
+                              input_batch.query_start_loc_np[: input_batch.num_reqs + 1],
+                              self.device, input_batch.num_scheduled_tokens)
         return input_batch
 
     return wrapper
