@@ -58,6 +58,26 @@ def register() -> None:
 
     GPUModelRunner.initialize_kv_cache = wrapper
     GPUModelRunner._soak_audit = True
+    _register_v2()
+
+
+def _register_v2() -> None:
+    """The same on vLLM's V2 model runner (no profiling KV cache there). Its start-up warm-up
+    steps are audited too; NWOR zeroes its counters after them (``_after_step`` sees it)."""
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+    except ImportError:
+        return
+    if getattr(GPUModelRunnerV2, "_soak_audit", False):
+        return
+    initialize_kv_cache = GPUModelRunnerV2.initialize_kv_cache
+
+    def wrapper(self, kv_cache_config):
+        initialize_kv_cache(self, kv_cache_config)
+        StepAudit.attach(self)
+
+    GPUModelRunnerV2.initialize_kv_cache = wrapper
+    GPUModelRunnerV2._soak_audit = True
 
 
 def read_status(directory: Path) -> list[dict]:
@@ -114,7 +134,10 @@ class StepAudit:
         self.verify_steps += bool(drafted)
         now = self._counts()
         if now is not None:  # NWOR binds its runner after this audit attaches: start from 0
-            before = self.last or {**{k: 0 for k in now}, "fallbacks": {}}
+            zero = {**{k: 0 for k in now}, "fallbacks": {}}
+            before = self.last or zero
+            if now["tokens_staged"] < before["tokens_staged"]:  # zeroed after V2's warm-up
+                before = zero
             moved = {k: now[k] - before[k] for k in
                      ("tokens_staged", "tokens_committed", "tokens_rejected")}
             fallback_moved = sum(now["fallbacks"].values()) - sum(before["fallbacks"].values())

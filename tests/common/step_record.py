@@ -123,7 +123,7 @@ class WorkerRecord:
             "device_type": runner.device.type,
             "attention": type(self.layers[0].impl).__name__,
             "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
-            "async_scheduling": bool(runner.use_async_scheduling),
+            "async_scheduling": bool(runner.vllm_config.scheduler_config.async_scheduling),
             "custom_all_reduce": custom is not None and not custom.disabled,
             "dispatches": dict(self.dispatches),
             "full_verify_steps": full_verify_steps(self.dispatches),

@@ -64,9 +64,16 @@ def _wrap_prepare_inputs(prepare_inputs):
     return wrapper
 
 
+_POSITIONS: dict[tuple[int, torch.device], torch.Tensor] = {}
+"""``arange(width)`` per width and device, made once: not a launch in every verify step."""
+
+
 def verdict_ids(sampled: torch.Tensor, num_sampled: torch.Tensor) -> torch.Tensor:
     """V2's sampled ids in V1's form: each row's entries past its ``num_sampled`` set to -1."""
-    positions = torch.arange(sampled.shape[1], device=sampled.device)
+    key = (sampled.shape[1], sampled.device)
+    positions = _POSITIONS.get(key)
+    if positions is None:
+        positions = _POSITIONS[key] = torch.arange(key[0], device=key[1])
     return torch.where(positions < num_sampled.unsqueeze(1), sampled, PLACEHOLDER)
 
 
