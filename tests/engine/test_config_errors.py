@@ -206,8 +206,9 @@ RUNNER_CASES = [
 def test_each_runner_and_method_pair_is_served_or_refused(tiny_models, tmp_path, monkeypatch,
                                                           runner, method, keys, v2_refuses):
     """NWOR, SCV and telemetry serve both of vLLM's runners; the draft context window and the
-    benchmarks' per-request synthetic acceptance need V1. The CPU engine has no V2 runner, so the config is built here and then checked as vLLM
-    would see it with ``VLLM_USE_V2_MODEL_RUNNER`` set (vLLM reads it whenever it is asked)."""
+    benchmarks' per-request synthetic acceptance need V1. The CPU engine has no V2 runner, so
+    the config is built here and then checked as vLLM would see it with
+    ``VLLM_USE_V2_MODEL_RUNNER`` set (vLLM reads it whenever it is asked)."""
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_nwor.config import NworConfig

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from step_record import token_agreement as agreement
 
 HERE = Path(__file__).parent
 K = 3
@@ -119,11 +120,6 @@ def test_nwor_on_gives_vllms_tokens_and_keeps_rejected_drafts_out(models, tmp_pa
 
 
 # -- SCV and telemetry on the V2 runner ----------------------------------------------------------
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
-    return same / sum(len(r) for r in a)
 
 
 @pytest.fixture(scope="module")
