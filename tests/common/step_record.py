@@ -76,6 +76,12 @@ def full_verify_steps(dispatches: dict[str, int]) -> int:
                if key.endswith(":FULL") and key.split(":")[0] not in ("1", "mixed"))
 
 
+def token_agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """The share of positions where two runs' token lists (request by request) agree."""
+    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+    return same / sum(len(r) for r in a)
+
+
 class StepRecorder:
     """Counts, per step, what the equivalence matrix claims to exercise: steps with drafts, and
     steps in which a request starts from prefix-cache hits while another request verifies

@@ -194,8 +194,10 @@ def test_piecewise_graphs_that_capture_the_kv_write_are_refused(partition, split
 RUNNER_CASES = [
     *[(method, keys, refused) for method in ("ngram", "draft_model", "eagle", "eagle3")
       for keys, refused in [({"nwor": True}, None), ({"nwor_telemetry": True}, None),
-                            ({"nwor": True, "scv": "adaptive"}, "'scv': 'adaptive'")]],
+                            ({"nwor": True, "scv": "adaptive"}, None)]],
     ("draft_model", {"draft_context_window": 64}, "'draft_context_window': 64"),
+    ("draft_model", {"synthetic_acceptance_per_request": True},
+     "'synthetic_acceptance_per_request': True"),
 ]
 
 
@@ -203,9 +205,10 @@ RUNNER_CASES = [
 @pytest.mark.parametrize("method, keys, v2_refuses", RUNNER_CASES)
 def test_each_runner_and_method_pair_is_served_or_refused(tiny_models, tmp_path, monkeypatch,
                                                           runner, method, keys, v2_refuses):
-    """NWOR and telemetry serve both of vLLM's runners; SCV and the draft context window need
-    V1. The CPU engine has no V2 runner, so the config is built here and then checked as vLLM
-    would see it with ``VLLM_USE_V2_MODEL_RUNNER`` set (vLLM reads it whenever it is asked)."""
+    """NWOR, SCV and telemetry serve both of vLLM's runners; the draft context window and the
+    benchmarks' per-request synthetic acceptance need V1. The CPU engine has no V2 runner, so
+    the config is built here and then checked as vLLM would see it with
+    ``VLLM_USE_V2_MODEL_RUNNER`` set (vLLM reads it whenever it is asked)."""
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_nwor.config import NworConfig
@@ -228,5 +231,5 @@ def test_each_runner_and_method_pair_is_served_or_refused(tiny_models, tmp_path,
         check_engine_config(vllm_config, config)
     message = str(err.value)
     for fragment in (v2_refuses, f"speculative method {method!r} runs on the V2 runner",
-                     "VLLM_USE_V2_MODEL_RUNNER=0", "'nwor' and 'nwor_telemetry'"):
+                     "VLLM_USE_V2_MODEL_RUNNER=0", "leave them out on the V2 runner"):
         assert fragment in message, message

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from step_record import token_agreement as agreement
 
 HERE = Path(__file__).parent
 K = 3
@@ -116,3 +117,52 @@ def test_nwor_on_gives_vllms_tokens_and_keeps_rejected_drafts_out(models, tmp_pa
     # Verify batches (1 + K tokens per request) replayed FULL graphs with the staged path.
     assert on["dispatches"].get(f"{1 + K}:FULL", 0) > 0, on["dispatches"]
     assert on["graph_steps"] > 0
+
+
+# -- SCV and telemetry on the V2 runner ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scv_runs(models, tmp_path_factory):
+    """EAGLE on the bigram pair on V2, greedy: vLLM at k and at 1 (its own spread between two
+    k), SCV fixed at chunk 1 and SCV adaptive (each with NWOR)."""
+    tmp = tmp_path_factory.mktemp("scv-v2")
+    target, head = models["eagle"]
+
+    def run(k: int, **keys):
+        return probe(tmp, {"target": target, "draft": head, "method": "eagle",
+                           "speculative": {"num_speculative_tokens": k, **keys}}, v2=True)
+
+    return {"k": run(K), "k1": run(1),
+            "fixed1": run(K, nwor=True, scv="fixed", scv_chunk_size=1),
+            "adaptive": run(K, nwor=True, scv="adaptive", scv_probe_interval=2)}
+
+
+def test_scv_on_v2_keeps_greedy_output_within_vllms_own_spread(scv_runs):
+    plain, spread = scv_runs["k"], agreement(scv_runs["k1"]["tokens"], scv_runs["k"]["tokens"])
+    for name in ("fixed1", "adaptive"):
+        run = scv_runs[name]
+        assert run["runner"] == "vllm.v1.worker.gpu.model_runner"
+        assert run["counters"]["fallbacks"] == {}
+        assert agreement(run["tokens"], plain["tokens"]) >= min(spread, 1.0), name
+
+
+def test_scv_on_v2_replays_full_graphs_for_its_chunk_sizes(scv_runs):
+    # vLLM at k = 3 captures FULL decode graphs for 4 tokens per request only; SCV at chunk 1
+    # verifies 2 tokens per request, and its chunk-0 steps decode 1.
+    fixed = scv_runs["fixed1"]
+    assert fixed["dispatches"].get("2:FULL", 0) > 0, fixed["dispatches"]
+    assert fixed["accepted"] <= fixed["drafted"] <= fixed["counters"]["tokens_staged"]
+    assert fixed["scv_budgets"] is not None
+    adaptive = scv_runs["adaptive"]
+    assert adaptive["dispatches"].get("1:FULL", 0) > 0, adaptive["dispatches"]
+
+
+def test_acceptance_lengths_on_v2_add_up_to_the_schedulers_counts(scv_runs):
+    """Telemetry on V2: each request's acceptance lengths (one per verify step it took part in)
+    add up, over the run, to vLLM's accepted-token count."""
+    for name in ("fixed1", "adaptive"):
+        run = scv_runs[name]
+        lengths = run["acceptance"]
+        assert all(isinstance(r, list) for r in lengths), name
+        assert sum(map(sum, lengths)) == run["accepted"], name

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import step_record
+from step_record import token_agreement as agreement
 
 HERE = Path(__file__).parent
 
@@ -50,11 +51,6 @@ def probe(models, tmp_path, method, nwor, **spec) -> dict:
 def full_verify_steps(run: dict) -> int:
     """Steps of more than one token per request that replayed a FULL graph."""
     return step_record.full_verify_steps(run["dispatches"])
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
-    return same / sum(len(r) for r in a)
 
 
 @pytest.fixture(scope="module")

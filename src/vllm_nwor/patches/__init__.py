@@ -33,6 +33,8 @@ chunks), ``telemetry/`` (acceptance lengths and metrics); ``engine_args`` (the p
 17. ``GPUModelRunner._check_and_update_cudagraph_mode``, 18. ``._warmup_and_capture``,
     19. ``._determine_batch_execution_and_padding``: with SCV on, FULL decode graphs for steps
     where every request has the same chunk, of any size (``decode_graphs.py``).
+19a. V2 runner: ``CudaGraphManager._init_candidates``: with SCV on, FULL decode graphs for
+    uniform batches of every chunk size (vLLM's dynamic-speculation loop; ``decode_graphs_v2.py``).
 20. ``GPUModelRunner.propose_draft_token_ids``: with SCV and draft_model, skip the draft model on
     chunk-0 steps and catch it up before a request is drafted again (``draft_sync.py``).
 20a. ``gpu_model_runner.update_scheduler_for_invalid_drafts`` (the runner module's name for
@@ -77,7 +79,13 @@ def all_patches() -> list[Patch]:
         model_runner_v2,
         worker,
     )
-    from vllm_nwor.patches.scv import decode_graphs, draft_sync, ngram_gpu, scheduler
+    from vllm_nwor.patches.scv import (
+        decode_graphs,
+        decode_graphs_v2,
+        draft_sync,
+        ngram_gpu,
+        scheduler,
+    )
     from vllm_nwor.patches.telemetry import engine as telemetry_engine
     from vllm_nwor.patches.telemetry import frontend as telemetry_frontend
 
@@ -92,6 +100,7 @@ def all_patches() -> list[Patch]:
         *scheduler.PATCHES,
         *draft_window.PATCHES,
         *decode_graphs.PATCHES,
+        *decode_graphs_v2.PATCHES,
         *draft_sync.PATCHES,
         *ngram_gpu.PATCHES,
         *telemetry_engine.PATCHES,

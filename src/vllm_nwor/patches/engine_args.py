@@ -65,9 +65,7 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
     return config
 
 
-V1_RUNNER_ONLY = frozenset({"scv", "scv_chunk_size", "scv_probe_interval", "scv_probe_cost",
-                            "scv_acceptance_window", "scv_cost_model", "draft_context_window",
-                            "synthetic_acceptance_per_request"})
+V1_RUNNER_ONLY = frozenset({"draft_context_window", "synthetic_acceptance_per_request"})
 """The plugin's keys that need vLLM's V1 model runner (the rest serve the V2 runner too)."""
 
 
@@ -93,14 +91,14 @@ def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
             f"{features} needs speculative decoding; set a 'method' (for example "
             "\"ngram\" or \"draft_model\") and 'num_speculative_tokens' in --speculative-config"
         )
-    # NWOR and telemetry serve both runners (telemetry reads the scheduler's numbers).
+    # NWOR, SCV and telemetry serve both runners (telemetry reads the scheduler's numbers).
     v1_only = ", ".join(f"'{k}': {v!r}" for k, v in given.items() if k in V1_RUNNER_ONLY)
     if vllm_config.use_v2_model_runner and v1_only:
         raise NworConfigError(
             f"{v1_only} needs vLLM's V1 model runner, but speculative method "
             f"{speculative.method!r} runs on the V2 runner here; set "
             "VLLM_USE_V2_MODEL_RUNNER=0 (on the V1 runner: ngram, draft_model, eagle, eagle3), "
-            "or use only 'nwor' and 'nwor_telemetry' on the V2 runner"
+            "or leave them out on the V2 runner"
         )
     k = speculative.num_speculative_tokens
     if config.scv_chunk_size is not None and config.scv_chunk_size > k:

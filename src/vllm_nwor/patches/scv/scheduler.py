@@ -104,6 +104,8 @@ def _wrap_init(init):
         policy = None
         if config.scv != "off" and self.num_spec_tokens > 0:
             method = self.vllm_config.speculative_config.method
+            # V2's speculators always draft k (it does not read the draft budget).
+            whole_k = method in WHOLE_K_DRAFTERS or self.vllm_config.use_v2_model_runner
             settings = ScvSettings(
                 mode=config.scv,
                 max_chunk=config.scv_chunk_size or self.num_spec_tokens,
@@ -113,8 +115,8 @@ def _wrap_init(init):
                 cost_model=tuple(config.scv_cost_model) if config.scv_cost_model else None,
                 max_graph_tokens=_max_graph_tokens(self.vllm_config),
                 mixed_graphs=_mixed_graphs(self.vllm_config),
-                lazy_draft_sync=method == "draft_model",
-                drafter_proposes=self.num_spec_tokens if method in WHOLE_K_DRAFTERS else None,
+                lazy_draft_sync=method == "draft_model" and not whole_k,
+                drafter_proposes=self.num_spec_tokens if whole_k else None,
             )
             policy = ChunkPolicy(settings)
             logger.info("SCV active: %s chunks up to %d drafts", settings.mode,
