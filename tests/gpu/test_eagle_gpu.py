@@ -44,8 +44,9 @@ def models(tmp_path_factory):
     shape = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}
     target, eagle = write_bigram_eagle_pair(root, noise=0.015, **shape)
     _, eagle3 = write_bigram_eagle_pair(root, eagle3=True, **shape)
-    return {"eagle": (target, eagle), "eagle3": (target, eagle3),
-            "mtp": (write_mimo_mtp_config(root), None)}
+    # Not under ``root``: vLLM takes a draft whose path contains "eagle-" for an EAGLE head.
+    mimo = write_mimo_mtp_config(tmp_path_factory.mktemp("mtp"))
+    return {"eagle": (target, eagle), "eagle3": (target, eagle3), "mtp": (mimo, None)}
 
 
 def probe(tmp_path, spec: dict, v2: bool) -> dict:
