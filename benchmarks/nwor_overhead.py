@@ -364,6 +364,12 @@ def pooled(cells: list[dict]) -> dict:
     return out
 
 
+DRAFTS = {"draft_model": "2-layer Llama, same vocabulary, dummy weights",
+          "ngram": "vLLM's ngram proposer (prompt lookup 2-4)",
+          "eagle3": "one-layer EAGLE-3 head of the target's shape, dummy weights, vLLM's V2 "
+                    "model runner"}
+
+
 def merge(jsonl: Path, result: Path) -> None:
     from harness.results import recorded_environment
 
@@ -374,13 +380,15 @@ def merge(jsonl: Path, result: Path) -> None:
         profiles += record.get("profiles", [])
         startups.append(record["startup_seconds"])
         sizes.add(record.get("tensor_parallel_size", 1))
+    methods = {cell["method"] for cell in cells}
     if len(sizes) > 1:
         raise SystemExit(f"{jsonl}: runs at tensor_parallel_size {sorted(sizes)}: merge (and "
                          "pool) one size at a time")
     payload = {**recorded_environment(jsonl), "benchmark": "nwor_overhead",
                "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
                             "model": "Llama-3-8B shape, dummy weights, bf16",
-                            "draft": "2-layer Llama, same vocabulary, dummy weights",
+                            "draft": DRAFTS[methods.pop()] if len(methods) == 1
+                            else {m: DRAFTS[m] for m in sorted(methods)},
                             "acceptance": "vLLM synthetic rejection sampling, mean length L",
                             "tensor_parallel_size": sizes.pop() if sizes else 1},
                "baseline_cudagraph_mode": sorted({
