@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import subprocess
@@ -13,6 +14,8 @@ from typing import Any
 
 from cache_audit import runner_of
 from vllm import LLM, SamplingParams
+
+from vllm_nwor.inspect import scheduler_of
 
 # Mixed prompt lengths; the longest exceed max_num_batched_tokens, so they are prefilled in
 # chunks while other requests are in verify steps.
@@ -119,3 +122,20 @@ def assert_counters_agree(counters, drafted: int, accepted: int) -> None:
     assert counters.tokens_staged == drafted
     assert counters.tokens_committed == accepted
     assert counters.tokens_rejected == drafted - accepted
+
+
+def record_chunks(llm) -> dict[str, list[int]]:
+    """Per request (by its index in the batch), the drafts scheduled in each of its steps."""
+    scheduler = scheduler_of(llm)
+    chunks: dict[str, list[int]] = collections.defaultdict(list)
+    schedule = scheduler.schedule
+
+    def recording_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        for req_id in out.num_scheduled_tokens:
+            drafts = out.scheduled_spec_decode_tokens.get(req_id, ())
+            chunks[req_id.split("-")[0]].append(len(drafts))
+        return out
+
+    scheduler.schedule = recording_schedule
+    return chunks

@@ -7,14 +7,15 @@ whose next token depends on the current one, and a head that is right about one 
 EAGLE-3 on a random head, which rejects nearly everything. Each engine pair: NWOR off then on,
 greedy tokens identical (logprobs to the CPU reference's rounding), the cache audited after
 every step (on the NWOR-off engine too, where it must find the rejected drafts vLLM wrote),
-NWOR's counters equal to vLLM's spec-decode stats.
+NWOR's counters equal to vLLM's spec-decode stats. Then SCV on the same heads: greedy output
+unchanged.
 """
 
 from __future__ import annotations
 
 import pytest
 from cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
-from engine_utils import PROMPTS, engine, spec_decode_stats, target_layers
+from engine_utils import PROMPTS, engine, record_chunks, spec_decode_stats, target_layers
 from vllm import SamplingParams
 
 import vllm_nwor
@@ -29,14 +30,13 @@ def pairs(tmp_path_factory):
             "eagle3": write_bigram_eagle_pair(root, eagle3=True)}
 
 
-def _run(pair: tuple[str, str], method: str, nwor: bool) -> dict:
+def _run(pair: tuple[str, str], method: str, **keys) -> dict:
     target, head = pair
-    speculative = {"method": method, "model": head, "num_speculative_tokens": 3}
-    if nwor:
-        speculative["nwor"] = True
+    speculative = {"method": method, "model": head, "num_speculative_tokens": 3, **keys}
     with engine(target, speculative) as llm:
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
         audit = CacheAudit(runner_of(llm), target_layers(llm), read_cpu_attn_tokens, block_size)
+        chunks = record_chunks(llm)
         params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=1)
         outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
                                use_tqdm=False)
@@ -45,16 +45,32 @@ def _run(pair: tuple[str, str], method: str, nwor: bool) -> dict:
             "logprobs": [[step[t].logprob for t, step in
                           zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
                          for o in outputs],
+            "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],
+            "chunks": chunks,
             "stats": spec_decode_stats(llm),
             "counters": vllm_nwor.get_counters(llm),
             "audit": audit,
         }
 
 
+@pytest.fixture(scope="module")
+def runs(pairs):
+    """``runs(method, **keys)``: one engine's run, each started once for the module."""
+    done: dict = {}
+
+    def run(method: str, **keys) -> dict:
+        key = (method, tuple(sorted(keys.items())))
+        if key not in done:
+            done[key] = _run(pairs[method], method, **keys)
+        return done[key]
+
+    return run
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_nwor_with_eagle_gives_vllms_tokens(pairs, method):
-    off = _run(pairs[method], method, nwor=False)
-    on = _run(pairs[method], method, nwor=True)
+def test_nwor_with_eagle_gives_vllms_tokens(runs, method):
+    off = runs(method)
+    on = runs(method, nwor=True)
     assert on["tokens"] == off["tokens"]
     for a, b in zip(on["logprobs"], off["logprobs"], strict=True):
         assert a == pytest.approx(b, abs=1e-3)
@@ -71,3 +87,21 @@ def test_nwor_with_eagle_gives_vllms_tokens(pairs, method):
     assert audit.violations == []
     # The audit's negative control: vLLM's plain write (NWOR off) leaves rejected drafts behind.
     assert any("beyond the committed length" in v for v in off["audit"].violations)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_scv_with_eagle_keeps_greedy_output(runs, method):
+    """SCV (adaptive, with NWOR) with an EAGLE head on V1: each request verifies a chunk of the
+    head's drafts; greedy tokens are those of vLLM without the plugin, chunk sizes vary, what
+    NWOR commits is each chunk's accepted prefix, and the acceptance lengths add up."""
+    plain = runs(method)
+    scv = runs(method, nwor=True, scv="adaptive", scv_probe_interval=2)
+    assert scv["tokens"] == plain["tokens"]
+    sizes = {c for per_request in scv["chunks"].values() for c in per_request}
+    assert len(sizes) > 2, sizes  # chunk 0 (plain decoding) and several others
+    drafted, accepted = scv["stats"]
+    counters = scv["counters"]
+    assert counters.fallbacks == {}
+    assert (counters.tokens_staged, counters.tokens_committed) == (drafted, accepted)
+    assert sum(map(sum, scv["acceptance"])) == accepted
+    assert scv["audit"].violations == []

@@ -5,28 +5,11 @@ from __future__ import annotations
 import collections
 
 import pytest
-from engine_utils import engine, generate, spec_config, spec_decode_stats
+from engine_utils import engine, generate, record_chunks, spec_config, spec_decode_stats
 
 import vllm_nwor
 from vllm_nwor.inspect import scheduler_of
 from vllm_nwor.patches.scv import scheduler as scheduler_patch
-
-
-def record_chunks(llm) -> dict[str, list[int]]:
-    """Per request (by its index in the batch), the drafts scheduled in each of its steps."""
-    scheduler = scheduler_of(llm)
-    chunks: dict[str, list[int]] = collections.defaultdict(list)
-    schedule = scheduler.schedule
-
-    def recording_schedule(*args, **kwargs):
-        out = schedule(*args, **kwargs)
-        for req_id in out.num_scheduled_tokens:
-            drafts = out.scheduled_spec_decode_tokens.get(req_id, ())
-            chunks[req_id.split("-")[0]].append(len(drafts))
-        return out
-
-    scheduler.schedule = recording_schedule
-    return chunks
 
 
 def run(tiny_models, method: str, **keys) -> dict:
