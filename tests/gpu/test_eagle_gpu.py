@@ -17,6 +17,10 @@ Asserted: tokens and logprobs identical, the audit clean with NWOR on and catchi
 rejected writes with NWOR off (its negative control), NWOR's counters equal to the audit's
 per-step count of drafted and accepted tokens, the requests' acceptance lengths adding up to
 vLLM's counts, and verify batches replaying FULL graphs captured with NWOR's staged path.
+
+SCV (fixed at chunk 1, adaptive) with EAGLE and EAGLE-3 on both runners, greedy: tokens within
+vLLM's own spread between k = 3 and k = 1, FULL graphs replayed for the chunk sizes' shapes,
+acceptance lengths adding up to vLLM's accepted count.
 """
 
 from __future__ import annotations
@@ -120,35 +124,42 @@ def test_nwor_on_gives_vllms_tokens_and_keeps_rejected_drafts_out(models, tmp_pa
     assert on["graph_steps"] > 0
 
 
-# -- SCV and telemetry on the V2 runner ----------------------------------------------------------
+# -- SCV and telemetry on both runners ------------------------------------------------------------
+
+SCV_CASES = [("eagle", True), ("eagle3", True), ("eagle", False), ("eagle3", False)]
 
 
-@pytest.fixture(scope="module")
-def scv_runs(models, tmp_path_factory):
-    """EAGLE on the bigram pair on V2, greedy: vLLM at k and at 1 (its own spread between two
-    k), SCV fixed at chunk 1 and SCV adaptive (each with NWOR)."""
-    tmp = tmp_path_factory.mktemp("scv-v2")
-    target, head = models["eagle"]
+@pytest.fixture(scope="module", params=SCV_CASES,
+                ids=[f"{m}-{'v2' if v else 'v1'}" for m, v in SCV_CASES])
+def scv_runs(request, models, tmp_path_factory):
+    """Greedy, no synthetic acceptance (greedy rejection sampling emits the target's tokens
+    whatever the drafts; the EAGLE-3 head is random and rejects nearly everything): vLLM at k
+    and at 1 (its own spread between two k), SCV fixed at chunk 1 and SCV adaptive (each with
+    NWOR)."""
+    method, v2 = request.param
+    tmp = tmp_path_factory.mktemp(f"scv-{method}-{'v2' if v2 else 'v1'}")
+    target, head = models[method]
 
     def run(k: int, **keys):
-        return probe(tmp, {"target": target, "draft": head, "method": "eagle",
-                           "speculative": {"num_speculative_tokens": k, **keys}}, v2=True)
+        return probe(tmp, {"target": target, "draft": head, "method": method,
+                           "speculative": {"num_speculative_tokens": k, **keys}}, v2=v2)
 
-    return {"k": run(K), "k1": run(1),
+    return {"v2": v2, "k": run(K), "k1": run(1),
             "fixed1": run(K, nwor=True, scv="fixed", scv_chunk_size=1),
             "adaptive": run(K, nwor=True, scv="adaptive", scv_probe_interval=2)}
 
 
-def test_scv_on_v2_keeps_greedy_output_within_vllms_own_spread(scv_runs):
+def test_scv_keeps_greedy_output_within_vllms_own_spread(scv_runs):
     plain, spread = scv_runs["k"], agreement(scv_runs["k1"]["tokens"], scv_runs["k"]["tokens"])
+    runner = f"vllm.v1.worker.{'gpu.model_runner' if scv_runs['v2'] else 'gpu_model_runner'}"
     for name in ("fixed1", "adaptive"):
         run = scv_runs[name]
-        assert run["runner"] == "vllm.v1.worker.gpu.model_runner"
+        assert run["runner"] == runner
         assert run["counters"]["fallbacks"] == {}
         assert agreement(run["tokens"], plain["tokens"]) >= min(spread, 1.0), name
 
 
-def test_scv_on_v2_replays_full_graphs_for_its_chunk_sizes(scv_runs):
+def test_scv_replays_full_graphs_for_its_chunk_sizes(scv_runs):
     # vLLM at k = 3 captures FULL decode graphs for 4 tokens per request only; SCV at chunk 1
     # verifies 2 tokens per request, and its chunk-0 steps decode 1.
     fixed = scv_runs["fixed1"]
@@ -159,9 +170,9 @@ def test_scv_on_v2_replays_full_graphs_for_its_chunk_sizes(scv_runs):
     assert adaptive["dispatches"].get("1:FULL", 0) > 0, adaptive["dispatches"]
 
 
-def test_acceptance_lengths_on_v2_add_up_to_the_schedulers_counts(scv_runs):
-    """Telemetry on V2: each request's acceptance lengths (one per verify step it took part in)
-    add up, over the run, to vLLM's accepted-token count."""
+def test_scv_acceptance_lengths_add_up_to_the_schedulers_counts(scv_runs):
+    """Telemetry: each request's acceptance lengths (one per verify step it took part in) add
+    up, over the run, to vLLM's accepted-token count."""
     for name in ("fixed1", "adaptive"):
         run = scv_runs[name]
         lengths = run["acceptance"]
