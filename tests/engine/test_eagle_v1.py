@@ -1,14 +1,16 @@
-"""NWOR with EAGLE and EAGLE-3 drafting on vLLM's V1 model runner (the CPU engine's only runner;
-on a GPU, ``VLLM_USE_V2_MODEL_RUNNER=0``).
+"""NWOR with EAGLE, EAGLE-3 and MTP drafting on vLLM's V1 model runner (the CPU engine's only
+runner; on a GPU, ``VLLM_USE_V2_MODEL_RUNNER=0``; vLLM runs these on its V2 runner there by
+default, see ``tests/gpu/test_eagle_gpu.py``).
 
 The target stages and commits as with any other drafter; the EAGLE head's own layers keep
 vLLM's plain write. EAGLE runs on a pair built to reject (``write_bigram_eagle_pair``: a target
 whose next token depends on the current one, and a head that is right about one time in six);
-EAGLE-3 on a random head, which rejects nearly everything. Each engine pair: NWOR off then on,
-greedy tokens identical (logprobs to the CPU reference's rounding), the cache audited after
-every step (on the NWOR-off engine too, where it must find the rejected drafts vLLM wrote),
-NWOR's counters equal to vLLM's spec-decode stats. Then SCV on the same heads: greedy output
-unchanged.
+EAGLE-3 on a random head, which rejects nearly everything; MTP on MiMo
+(``write_mimo_mtp_config``, dummy weights), whose MTP layer rejects everything. Each engine
+pair: NWOR off then on, greedy tokens identical (logprobs to the CPU reference's rounding), the
+cache audited after every step (on the NWOR-off engine too, where it must find the rejected
+drafts vLLM wrote), NWOR's counters equal to vLLM's spec-decode stats. Then SCV on the same
+heads: greedy output unchanged.
 """
 
 from __future__ import annotations
@@ -23,17 +25,24 @@ import vllm_nwor
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    from vllm_nwor.testing import write_bigram_eagle_pair
+    from vllm_nwor.testing import write_bigram_eagle_pair, write_mimo_mtp_config
 
     root = tmp_path_factory.mktemp("eagle")
+    mimo = write_mimo_mtp_config(tmp_path_factory.mktemp("mtp"))
     return {"eagle": write_bigram_eagle_pair(root, noise=0.03),
-            "eagle3": write_bigram_eagle_pair(root, eagle3=True)}
+            "eagle3": write_bigram_eagle_pair(root, eagle3=True),
+            "mtp": (mimo, None)}
 
 
 def _run(pair: tuple[str, str], method: str, **keys) -> dict:
     target, head = pair
-    speculative = {"method": method, "model": head, "num_speculative_tokens": 3, **keys}
-    with engine(target, speculative) as llm:
+    speculative = {"method": method, "num_speculative_tokens": 3, **keys}
+    options = {}
+    if head is None:  # MTP: the target's own layer; MiMo's config only, dummy weights
+        options["load_format"] = "dummy"
+    else:
+        speculative["model"] = head
+    with engine(target, speculative, **options) as llm:
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
         audit = CacheAudit(runner_of(llm), target_layers(llm), read_cpu_attn_tokens, block_size)
         chunks = record_chunks(llm)
@@ -67,7 +76,7 @@ def runs(pairs):
     return run
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_nwor_with_eagle_gives_vllms_tokens(runs, method):
     off = runs(method)
     on = runs(method, nwor=True)
@@ -89,7 +98,7 @@ def test_nwor_with_eagle_gives_vllms_tokens(runs, method):
     assert any("beyond the committed length" in v for v in off["audit"].violations)
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_scv_with_eagle_keeps_greedy_output(runs, method):
     """SCV (adaptive, with NWOR) with an EAGLE head on V1: each request verifies a chunk of the
     head's drafts; greedy tokens are those of vLLM without the plugin, chunk sizes vary, what
