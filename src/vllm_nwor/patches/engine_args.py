@@ -97,8 +97,8 @@ def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
         raise NworConfigError(
             f"{v1_only} needs vLLM's V1 model runner, but speculative method "
             f"{speculative.method!r} runs on the V2 runner here; set "
-            "VLLM_USE_V2_MODEL_RUNNER=0 (on the V1 runner: ngram, draft_model, eagle, eagle3), "
-            "or leave them out on the V2 runner"
+            "VLLM_USE_V2_MODEL_RUNNER=0 (on the V1 runner: ngram, draft_model, eagle, eagle3, "
+            "mtp), or leave them out on the V2 runner"
         )
     k = speculative.num_speculative_tokens
     if config.scv_chunk_size is not None and config.scv_chunk_size > k:

@@ -29,13 +29,12 @@ def chunk_sizes(k: int, scv_chunk_size: int | None) -> list[int]:
 
 def _wrap_init_candidates(init_candidates):
     def wrapper(self):
-        spec = self.vllm_config.speculative_config
+        spec, config = self.vllm_config.speculative_config, plugin_config(self.vllm_config)
         if (spec is None or spec.uses_dynamic_speculative_decoding()
                 or self.decode_query_len != 1 + spec.num_speculative_tokens
-                or plugin_config(self.vllm_config).scv == "off"):
+                or config.scv == "off"):
             return init_candidates(self)
-        sizes = chunk_sizes(spec.num_speculative_tokens,
-                            plugin_config(self.vllm_config).scv_chunk_size)
+        sizes = chunk_sizes(spec.num_speculative_tokens, config.scv_chunk_size)
         spec.num_speculative_tokens_per_batch_size = [(1, self.max_num_reqs, c) for c in sizes]
         try:
             return init_candidates(self)
