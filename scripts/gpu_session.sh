@@ -23,26 +23,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The next session's plan. The forty-fifth session ran batch 128 interleaved in 0.25 s turns and
-# as whole runs (scv_b128_interleaved_2026-11-27_h200.json, scv_b128_whole_runs_...): the A/A
-# pairs went from 0.50-1.88 to 0.89-1.11, and fixed k=2 over plain decoding at L=4 read
-# 0.85-0.87 interleaved where whole runs and earlier sessions had it ahead. Next: the same group
-# at L=1.5 and L=4 in turns of 0.1 s and of 1 s. Whether the A/A spread narrows with shorter
-# turns, and whether fixed k=2's ratio moves with the turn's length (a cost per turn that falls
-# on speculative engines more would). Four 8B engines fit an H200; an H100 (about 80 GB)
-# takes three, without fixed k=2.
-if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -ge 100000 ]
-then B128_POLICIES="no_spec no_spec_aa fixed_k2 scv"; B128_MEMORY=0.9
-else B128_POLICIES="no_spec no_spec_aa scv"; B128_MEMORY=0.95
-fi
-B128_GROUP="--batches 128 --workloads uniform_L1.5 uniform_L4 \
-  --policies $B128_POLICIES --memory $B128_MEMORY --reps 3 --load-multiple 4 --output-lens 64 192"
-stream0() {
-  # shellcheck disable=SC2086
-  step scv_b128_turns_0.1s scv_bench $B128_GROUP --slice-seconds 0.1
-  # shellcheck disable=SC2086
-  step scv_b128_turns_1s scv_bench $B128_GROUP --slice-seconds 1.0
+# The next session's plan (issue 54): SCV with EAGLE and EAGLE-3 on both of vLLM's runners,
+# tests/gpu/test_eagle_gpu.py's SCV cases (each four engines: vLLM at k = 3 and 1, SCV fixed at
+# chunk 1, SCV adaptive). Only eagle on V2 has run on a GPU. About 4.5 minutes a stream; each
+# pytest gets its own temporary folder (pytest prunes a shared one's older runs).
+scv_case() {  # scv_case METHOD-RUNNER
+  step "scv_$1" tests tests/gpu/test_eagle_gpu.py -k "scv and $1" --basetemp="/tmp/pt/scv_$1"
 }
+stream0() { scv_case eagle3-v2; }
+stream1() { scv_case eagle-v1; }
+stream2() { scv_case eagle3-v1; }
+stream3() { scv_case eagle-v2; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
