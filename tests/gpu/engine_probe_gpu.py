@@ -132,6 +132,7 @@ def main(spec: dict, out_path: str) -> None:
                        "caught_up_tokens": lazy.caught_up_tokens} if lazy else None,
         "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
         "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
+        "prefix_cache_hits": int(metrics["vllm:prefix_cache_hits"].value),
         "counters": counters.as_dict() if counters else None,
         "graph_steps": interceptor.graph_steps if interceptor is not None else None,
         "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),

@@ -4,7 +4,8 @@ run on dense models by default) and on its V1 runner (``VLLM_USE_V2_MODEL_RUNNER
 Each engine is a fresh process (``engine_probe_gpu.py``) with vLLM's defaults: FLASH_ATTN,
 torch.compile, CUDA graphs FULL_AND_PIECEWISE, prefix caching, chunked prefill, and vLLM's
 choice of async scheduling (on for these methods; on V1 the audit turns it off, see the probe).
-Every case runs NWOR off, then on, both with the per-step cache audit:
+Every case runs NWOR off, then on, both with the per-step cache audit, on prompts of which the
+later start from prefix-cache hits beside verify steps:
 
 - EAGLE on the bigram pair (``write_bigram_eagle_pair``: a head right about one time in four,
   real weights, real rejections, greedy);
@@ -72,12 +73,20 @@ def probe(tmp_path, spec: dict, v2: bool) -> dict:
     return result
 
 
+# Four prompts, then four that share whole blocks with them (32 or 48 tokens, block size 16):
+# with 4 requests at a time, the later four start from prefix-cache hits while the first
+# ones' last requests verify drafts.
+BASE = [[(7 * i + 13 * j) % 500 + 2 for j in range(n)] for i, n in enumerate([40, 61, 33, 90])]
+PROMPTS = BASE + [p[:32 + 16 * (i % 2)] + [(11 * i + 5 * j) % 500 + 2 for j in range(9)]
+                  for i, p in enumerate(BASE)]
+
+
 def case_spec(models, method: str, nwor: bool) -> dict:
     target, draft = models[method]
     speculative = {"num_speculative_tokens": K, **({} if method == "eagle" else SYNTHETIC)}
     spec = {"target": target, "draft": draft, "method": method, "audit": True,
             "speculative": {**speculative, **({"nwor": True} if nwor else {})},
-            "sampling": {"logprobs": 1, "seed": 1234}}
+            "sampling": {"logprobs": 1, "seed": 1234}, "prompts": PROMPTS}
     if method == "mtp":
         spec["engine"] = {"load_format": "dummy"}  # MiMo's config only: dummy weights
     return spec
@@ -96,6 +105,7 @@ def test_nwor_on_gives_vllms_tokens_and_keeps_rejected_drafts_out(models, tmp_pa
     assert on["cudagraph_mode"] == off["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     assert on["async_scheduling"] == off["async_scheduling"]
 
+    assert on["prefix_cache_hits"] > 0 and off["prefix_cache_hits"] > 0  # prefix caching on
     assert on["tokens"] == off["tokens"]
     assert on["logprobs"] == off["logprobs"]  # vLLM's own attention kernel: bit for bit
     assert (on["drafted"], on["accepted"]) == (off["drafted"], off["accepted"])
