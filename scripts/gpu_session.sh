@@ -26,8 +26,9 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # The next session's plan (issue 54): on vLLM's two runners, tests/gpu/test_eagle_gpu.py's SCV
 # cases (each four engines: vLLM at k = 3 and 1, SCV fixed at chunk 1, SCV adaptive; only eagle
 # on V2 has run on a GPU), and its NWOR cases again, now with prefix-cache hits beside verify
-# steps (two engines each; eagle on V2 has run so: eagle_v2_prefix_hits_gpu_2026-11-28_h100.json). About 7-10 minutes a stream; each pytest gets its own temporary
-# folder (pytest prunes a shared one's older runs).
+# steps (two engines each; eagle on V2 has run so:
+# eagle_v2_prefix_hits_gpu_2026-11-28_h100.json). About 7-10 minutes a stream; each pytest gets
+# its own temporary folder (pytest prunes a shared one's older runs).
 run_case() {  # run_case scv|nwor METHOD-RUNNER
   local tests; [ "$1" = scv ] && tests="scv" || tests="test_nwor_on"
   step "$1_$2" tests tests/gpu/test_eagle_gpu.py -k "$tests and $2" --basetemp="/tmp/pt/$1_$2"

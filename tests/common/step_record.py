@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import inspect
 
+from cache_audit import is_v2_runner
+
 
 def record_dispatches(runner) -> dict[str, int]:
     """Counts the target's graph modes by batch shape from now on: ``"<q>:<mode>"`` for uniform
     batches of ``q`` tokens per request, ``"mixed:<mode>"`` for the others. Returns the dict,
     which fills as steps run."""
     counts: dict[str, int] = {}
-    if hasattr(runner, "cudagraph_manager") and hasattr(runner, "req_states"):
+    if is_v2_runner(runner):
         return _record_v2_dispatches(runner, counts)
     determine = runner._determine_batch_execution_and_padding
     signature = inspect.signature(determine)
