@@ -258,8 +258,13 @@ def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int 
     ``noise`` 0 it drafts what the target will say, and with 0.03 it is right about one time in
     six on the default shape (real rejections, greedy, no synthetic acceptance).
 
-    With ``eagle3``, the head is an EAGLE-3 head (``LlamaForCausalLMEagle3``) of random
-    weights instead: it almost never drafts the target's token.
+    With ``eagle3``, the head is an EAGLE-3 head (``LlamaForCausalLMEagle3``) for the same
+    target. EAGLE-3 sees the next token's embedding only through its attention, so this head
+    ignores it: ``fc`` passes the target's hidden state of the current token through, its
+    attention and MLP add nothing, and its own ``lm_head`` maps that token to the one the target
+    says two steps later (plus ``noise``, scaled to the width). Its first draft is the target's
+    token unless the noise says otherwise; its later drafts repeat the first, so they are right
+    only where the target repeats a token. Real partial acceptance, greedy.
     """
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -289,10 +294,17 @@ def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int 
         generator = torch.Generator().manual_seed(seed + 1)
         layer = {name.removeprefix("model.layers.0."): tensor
                  for name, tensor in weights.items() if name.startswith("model.layers.0.")}
+        # Every target layer passes its input through, so each of the three hidden states
+        # EAGLE-3 reads is the current token's embedding: ``fc`` keeps the first.
+        embedding = weights["model.embed_tokens.weight"]
+        normed = embedding * torch.rsqrt(embedding.pow(2).mean(-1, keepdim=True) + 1e-6)
+        bigram = (normed @ weights["lm_head.weight"].T).argmax(-1)  # the target's next token
+        lm_head = torch.zeros_like(weights["lm_head.weight"]).index_add_(0, bigram[bigram], normed)
+        lm_head += 10 * noise * hidden ** 0.5 * torch.randn(lm_head.shape, generator=generator)
         head = {
-            "fc.weight": torch.randn(hidden, 3 * hidden, generator=generator) * 0.05,
+            "fc.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, 2 * hidden)], dim=1),
             "norm.weight": torch.ones(hidden),
-            "lm_head.weight": weights["lm_head.weight"].clone(),
+            "lm_head.weight": lm_head,
             "midlayer.hidden_norm.weight": torch.ones(hidden),
             "midlayer.input_layernorm.weight": torch.ones(hidden),
             "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
@@ -301,9 +313,10 @@ def write_bigram_eagle_pair(root: str | Path, *, noise: float = 0.03, seed: int 
             out_features = layer[f"self_attn.{proj}.weight"].shape[0]
             head[f"midlayer.self_attn.{proj}.weight"] = torch.randn(
                 out_features, 2 * hidden, generator=generator) * 0.05
-        for name in ("self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                     "mlp.down_proj.weight"):
+        for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
             head[f"midlayer.{name}"] = torch.randn(layer[name].shape, generator=generator) * 0.05
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):  # add nothing
+            head[f"midlayer.{name}"] = torch.zeros(layer[name].shape)
     else:
         fc = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
         head = {"fc.weight": fc + noise * torch.randn(fc.shape)}

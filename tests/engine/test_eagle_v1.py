@@ -5,7 +5,8 @@ default, see ``tests/gpu/test_eagle_gpu.py``).
 The target stages and commits as with any other drafter; the EAGLE head's own layers keep
 vLLM's plain write. EAGLE runs on a pair built to reject (``write_bigram_eagle_pair``: a target
 whose next token depends on the current one, and a head that is right about one time in six);
-EAGLE-3 on a random head, which rejects nearly everything; MTP on MiMo
+EAGLE-3 on the same pair's EAGLE-3 head (its first draft right most of the time, its later ones
+only where the target repeats a token); MTP on MiMo
 (``write_mimo_mtp_config``, dummy weights), whose MTP layer rejects everything. Each engine
 pair: NWOR off then on, greedy tokens identical (logprobs to the CPU reference's rounding), the
 cache audited after every step (on the NWOR-off engine too, where it must find the rejected
@@ -89,8 +90,8 @@ def test_nwor_with_eagle_gives_vllms_tokens(runs, method):
     assert counters.fallbacks == {}
     assert (counters.tokens_staged, counters.tokens_committed) == (drafted, accepted)
     assert drafted - accepted > 0, "the run must reject drafts"
-    if method == "eagle":
-        assert accepted > 0, "the bigram pair's head is sometimes right"
+    if method != "mtp":
+        assert accepted > 0, "the bigram pair's heads are sometimes right"
     audit = on["audit"]
     assert audit.rejected_drafts == drafted - accepted and audit.checked_tokens > 0
     assert audit.violations == []
