@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
+import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 OURS = ("acceptance_lengths", "speculative_decoding")
@@ -81,3 +83,18 @@ def without(value: Any, drop: tuple[str, ...]) -> Any:
     if isinstance(value, list):
         return [without(v, drop) for v in value]
     return value
+
+
+def run_traffic(server, requests: Callable[[openai.OpenAI, str], dict[str, Callable]]
+                ) -> dict[str, dict]:
+    """Sends ``requests(client, model)``'s calls one after another, each bracketed by settled
+    /metrics scrapes: name -> {"response", "before", "after"}."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    results = {}
+    before = settled_scrape(server)
+    for name, call in requests(client, server.model).items():
+        response = call()
+        after = settled_scrape(server)
+        results[name] = {"response": response, "before": before, "after": after}
+        before = after
+    return results

@@ -23,7 +23,7 @@ from openai_traffic import (
     delta,
     keys_anywhere,
     request_totals,
-    settled_scrape,
+    run_traffic,
     without,
 )
 from served_model import write_byte_tokenizer
@@ -57,27 +57,17 @@ def servers(tmp_path_factory):
             server.stop()
 
 
-def run_traffic(server) -> dict[str, dict]:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    calls = {
-        "completion": lambda: client.completions.create(
-            model=server.model, prompt=PROMPTS, **GREEDY),
-        "chat": lambda: client.chat.completions.create(
-            model=server.model, messages=MESSAGES, **GREEDY),
+def requests(client: openai.OpenAI, model: str) -> dict:
+    return {
+        "completion": lambda: client.completions.create(model=model, prompt=PROMPTS, **GREEDY),
+        "chat": lambda: client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY),
     }
-    results, before = {}, settled_scrape(server)
-    for name, call in calls.items():
-        response = call()
-        after = settled_scrape(server)
-        results[name] = {"response": response, "before": before, "after": after}
-        before = after
-    return results
 
 
 @pytest.fixture(scope="module")
 def traffic(servers):
     with ThreadPoolExecutor(2) as pool:
-        return tuple(pool.map(run_traffic, servers))
+        return tuple(pool.map(lambda server: run_traffic(server, requests), servers))
 
 
 def test_nwor_and_scv_change_no_greedy_response(traffic):

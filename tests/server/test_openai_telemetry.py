@@ -23,7 +23,7 @@ from openai_traffic import (
     final_choices,
     keys_anywhere,
     request_totals,
-    settled_scrape,
+    run_traffic,
     without,
 )
 
@@ -55,23 +55,12 @@ def requests(client: openai.OpenAI, model: str) -> dict[str, Any]:
     }
 
 
-def run_traffic(server) -> dict[str, dict]:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    results = {}
-    before = settled_scrape(server)
-    for name, call in requests(client, server.model).items():
-        response = call()
-        after = settled_scrape(server)
-        results[name] = {"response": response, "before": before, "after": after}
-        before = after
-    return results
-
-
 @pytest.fixture(scope="module")
 def traffic(telemetry_servers):
     """The same traffic on both servers, at the same time (each server's requests in order)."""
     with ThreadPoolExecutor(2) as pool:
-        return tuple(pool.map(run_traffic, telemetry_servers))
+        return tuple(pool.map(lambda server: run_traffic(server, requests),
+                              telemetry_servers))
 
 
 def stream_view(chunks: list[dict]) -> dict:
@@ -199,7 +188,7 @@ def test_plugin_off_server_has_none_of_the_fields_and_nothing_else_changes(traff
 
 @pytest.fixture(scope="module")
 def scv_traffic(scv_server):
-    return run_traffic(scv_server)
+    return run_traffic(scv_server, requests)
 
 
 def test_scv_chunk_metrics_agree_with_acceptance_lengths_request_by_request(scv_traffic):
