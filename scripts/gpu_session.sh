@@ -24,7 +24,8 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (issue 54): tests/gpu/test_eagle_gpu.py's SCV cases for EAGLE-3 on both runners again,
+# The last plan, run at d4e2e1a (eagle_mtp_gpu_hits_scv_2026-11-28_h200.json, `scv`; issue 54):
+# tests/gpu/test_eagle_gpu.py's SCV cases for EAGLE-3 on both runners again,
 # now with the bigram pair's EAGLE-3 head (real partial acceptance; the random head it replaced
 # accepted nothing greedy). Four engines a case (vLLM at k = 3 and 1, SCV fixed at chunk 1, SCV
 # adaptive), about 4.5 minutes; each pytest gets its own temporary folder (pytest prunes a
