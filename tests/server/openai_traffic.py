@@ -63,6 +63,17 @@ def request_totals(response) -> tuple[list[dict], int, int, int]:
     return extras, steps, accepted, drafted
 
 
+def request_totals_checked(result: dict, name: str) -> tuple[list[dict], int, int, int]:
+    """``request_totals`` of one ``run_traffic`` result, after asserting that vLLM's own
+    spec-decode counters moved by exactly those numbers over that request alone."""
+    extras, steps, accepted, drafted = request_totals(result["response"])
+    before, after = result["before"], result["after"]
+    assert delta(before, after, "vllm:spec_decode_num_drafts_total") == steps, name
+    assert delta(before, after, "vllm:spec_decode_num_draft_tokens_total") == drafted, name
+    assert delta(before, after, "vllm:spec_decode_num_accepted_tokens_total") == accepted, name
+    return extras, steps, accepted, drafted
+
+
 def as_json(response) -> Any:
     if isinstance(response, list):
         return [json.loads(chunk.model_dump_json()) for chunk in response]

@@ -22,7 +22,7 @@ from openai_traffic import (
     as_json,
     delta,
     keys_anywhere,
-    request_totals,
+    request_totals_checked,
     run_traffic,
     without,
 )
@@ -84,14 +84,11 @@ def test_acceptance_lengths_and_counters_agree_with_vllms_request_by_request(tra
     totals = {"drafted": 0, "accepted": 0}
     for name, result in on.items():
         before, after = result["before"], result["after"]
-        _, steps, accepted, drafted = request_totals(result["response"])
+        _, steps, accepted, drafted = request_totals_checked(result, name)  # vLLM's counters
 
         def d(metric: str, before=before, after=after) -> float:
             return delta(before, after, metric)
 
-        assert d("vllm:spec_decode_num_drafts_total") == steps, name
-        assert d("vllm:spec_decode_num_draft_tokens_total") == drafted, name
-        assert d("vllm:spec_decode_num_accepted_tokens_total") == accepted, name
         assert d("vllm:nwor_tokens_staged_total") == drafted, name
         assert d("vllm:nwor_tokens_committed_total") == accepted, name
         assert d("vllm:scv_chunk_size_sum") == drafted, name
