@@ -70,7 +70,9 @@ class Case:
     nwor_both: bool = False  # an A/A control: NWOR off on both sides
     two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
     preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
+    kv_tokens: int = 768  # with ``preempt``: the KV cache the scheduler may hand out, in tokens
     structured: bool = False  # the structured-output workload instead of rounds 1-4
+    workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
     tensor_parallel_size: int = 1  # > 1: the runner in worker processes, audited there
 
 
@@ -113,6 +115,25 @@ def cases(on_cuda: bool) -> list[Case]:
     ]
     rows += [Case(f"shape_{name}", model={**DRAFT, **shape}) for name, shape in shapes.items()
              if name != first]
+    if on_cuda:  # the 8B shape (4 of its layers, random weights), at vLLM's batch sizes
+        rows += [Case(
+            "pressure_ngram_8b" + ("" if caching else "_no_prefix_caching"), method="ngram",
+            model={"llama3_8b_layers": 4}, preempt=True, kv_tokens=3072, workload="pressure",
+            engine=dict(max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=8192,
+                        **({} if caching else dict(enable_prefix_caching=False))),
+            why="Llama-3-8B-shaped, 4 layers, vLLM's max_num_seqs and an 8,192-token budget; a "
+            "KV cache of 3,072 tokens for 24 requests of 240-340: preempted again and again"
+            + ("" if caching else "; prefix caching off"))
+            for caching in (True, False)]
+    # Under load: KV pressure that preempts again and again, prefix caching on and off.
+    for method, k in (("ngram", 3), ("draft_model", 3)):
+        for caching in (True, False):
+            rows.append(Case(
+                f"pressure_{method}" + ("" if caching else "_no_prefix_caching"), method=method,
+                k=k, model=model, preempt=True, kv_tokens=1024, workload="pressure",
+                engine={} if caching else dict(enable_prefix_caching=False),
+                why="a KV cache of 1,024 tokens for 24 requests of 240-340 tokens: preempted "
+                "again and again" + ("" if caching else "; prefix caching off")))
     rows.append(Case("structured_output", model={"shipped": True}, structured=True,
                      engine=dict(max_model_len=256),
                      why="the shipped pair: a tokenizer (for grammars and stop strings) and a "
@@ -122,6 +143,16 @@ def cases(on_cuda: bool) -> list[Case]:
                       why="tensor_parallel_size=2 on two GPUs, custom all-reduce on; the audit "
                       "and the step record run in every worker of both engines")
                  for method in ("draft_model", "ngram")]
+        rows += [Case(f"tp2_long_prompts_{method}" + ("" if caching else "_no_prefix_caching"),
+                      method=method, k=4, model=model, tensor_parallel_size=2,
+                      workload="long_prompts",
+                      engine=dict(max_model_len=1024, max_num_seqs=16,
+                                  max_num_batched_tokens=256,
+                                  **({} if caching else dict(enable_prefix_caching=False))),
+                      why="tensor_parallel_size=2, prompts of 300-700 tokens over a 256-token "
+                      "budget: prefilled in chunks beside verify steps"
+                      + ("" if caching else "; prefix caching off"))
+                 for method in ("ngram", "draft_model") for caching in (True, False)]
         rows += [
             Case("async_scheduling_on", model=model, engine=dict(async_scheduling=True),
                  audit=False, why="async scheduling on (vLLM's default is off for draft_model;"
@@ -147,6 +178,29 @@ def round_one(vocab: int) -> list[tuple[list[int], dict]]:
         prompt = [(7 * i + 13 * j) % (vocab - 3) + 3 for j in range(150 + 30 * i)]
         requests.append((prompt, dict(max_tokens=24 + 5 * i)))
     return requests
+
+
+def round_pressure(vocab: int) -> list[tuple[list[int], dict]]:
+    """The ``pressure`` workload: 24 greedy requests of 120-220-token prompts (half share a
+    64-token prefix) and 120 output tokens, three times what a ``preempt`` case's KV cache holds
+    for a full batch: requests are preempted again and again, and resumed by recomputing their
+    prompts and outputs (from prefix-cache hits where caching is on)."""
+    shared = [(17 * j) % (vocab - 3) + 3 for j in range(64)]
+    requests = []
+    for i in range(24):
+        own = [(5 * i + 11 * j + 1) % (vocab - 3) + 3 for j in range(120 + (i * 37) % 100)]
+        prompt = (shared + own[64:]) if i % 2 else own
+        requests.append((prompt, dict(max_tokens=120)))
+    return requests
+
+
+def round_long_prompts(vocab: int) -> list[tuple[list[int], dict]]:
+    """The ``long_prompts`` workload: 32 greedy requests whose prompts (300-700 tokens, the
+    first 200 shared) are longer than the case's token budget, so every prompt is prefilled in
+    chunks in steps that also verify other requests' drafts; 40 output tokens each."""
+    shared = [(13 * j + 5) % (vocab - 3) + 3 for j in range(200)]
+    return [(shared + [(7 * i + 3 * j + 2) % (vocab - 3) + 3 for j in range(100 + (i * 53) % 400)],
+             dict(max_tokens=40)) for i in range(32)]
 
 
 def round_sampled(vocab: int, on_cuda: bool) -> list[tuple[list[int], dict]]:
@@ -269,16 +323,20 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         gpu_memory_utilization=0.15 if on_cuda else 0.3, disable_log_stats=False, seed=0,
         dtype="bfloat16" if on_cuda else "float32",
     )
+    if case.model.get("llama3_8b_layers"):
+        kwargs["load_format"] = "dummy"
     if case.tensor_parallel_size > 1:
         kwargs["tensor_parallel_size"] = case.tensor_parallel_size
     if case.preempt:
-        # 768 tokens of KV cache, the same blocks for requests on both sides: NWOR on CUDA
+        # case.kv_tokens of KV cache, the same blocks for requests on both sides: NWOR on CUDA
         # keeps its scratch blocks out of the override, so NWOR off gets the override less them.
         from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 
         block_size = case.engine.get("block_size", default_block_size(on_cuda))
-        reserved = scratch_blocks(8, case.k, block_size)[1] if on_cuda else 0
-        kwargs["num_gpu_blocks_override"] = 768 // block_size + (reserved if nwor else 0)
+        max_num_seqs = case.engine.get("max_num_seqs", kwargs["max_num_seqs"])
+        reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1] if on_cuda else 0
+        kwargs["num_gpu_blocks_override"] = (case.kv_tokens // block_size
+                                             + (reserved if nwor else 0))
     return {**kwargs, **case.engine}
 
 
@@ -357,6 +415,10 @@ def run_engine(spec: dict) -> dict:
     has_tokenizer = not kwargs["skip_tokenizer_init"]
     if case.structured:
         outputs = _generate(llm, round_structured())
+    elif case.workload == "pressure":
+        outputs = _generate(llm, round_pressure(vocab))
+    elif case.workload == "long_prompts":
+        outputs = _generate(llm, round_long_prompts(vocab))
     else:
         first = round_one(vocab)
         out1 = _generate(llm, first)
@@ -455,17 +517,25 @@ def combined_audit(ranks: list[dict]) -> dict | None:
 def probe(spec: dict, timeout: int = 900) -> dict:
     """:func:`run_engine` in a fresh process (one engine at a time on a GPU). A tensor-parallel
     case gets the audit plugin in its workers, reporting to a directory of its own."""
+    import engine_trace
     import soak_audit
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         env = dict(os.environ)
         env.pop(soak_audit.ENV_DIR, None)
+        env.pop(engine_trace.ENV_DIR, None)
         if spec["case"].get("tensor_parallel_size", 1) > 1:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (soak_audit.install(Path(tmp) / "site"), env.get("PYTHONPATH")) if p)
             env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
             (Path(tmp) / "audit").mkdir()
+        if spec.get("trace"):  # the per-step trace, in the engine core and rank 0's worker
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (engine_trace.install(Path(tmp) / "trace-site"), env.get("PYTHONPATH"))
+                if p)
+            env[engine_trace.ENV_DIR] = spec["trace"]
+            Path(spec["trace"]).mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
                               capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
@@ -588,11 +658,23 @@ def tp_checks(on: dict, tp: int) -> list[str]:
     return failed
 
 
-def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe) -> dict:
+def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
+             trace: Path | None = None) -> dict:
+    """Both engines of a case, one after the other, and the row. ``trace``: each engine writes
+    its per-step trace under ``trace/<case>/{off,on}`` (tests/common/engine_trace.py), and the row
+    names the first step at which they part."""
     spec = {"case": asdict(case), "paths": list(paths), "on_cuda": on_cuda}
-    off = run({**spec, "nwor": False})
-    on = run({**spec, "nwor": not case.nwor_both})
+    dirs = {side: str(Path(trace) / case.name / side) for side in ("off", "on")} if trace else {}
+    off = run({**spec, "nwor": False, "trace": dirs.get("off")})
+    on = run({**spec, "nwor": not case.nwor_both, "trace": dirs.get("on")})
     result = compare(off, on, logprob_atol=0.0 if on_cuda else 1e-3)
+    if trace:
+        import engine_trace
+
+        traces = {side: engine_trace.read(Path(d)) for side, d in dirs.items()}
+        result["trace"] = {side: engine_trace.summary(t) for side, t in traces.items()}
+        result["trace"]["first_difference"] = engine_trace.first_difference(
+            traces["off"], traces["on"])
     row = {
         "name": case.name, "why": case.why,
         "settings": {**on["settings"], "method": case.method, "num_speculative_tokens": case.k,
@@ -622,6 +704,17 @@ def model_paths(model: dict, root: Path) -> tuple[str, str]:
 
     if model.get("shipped"):  # the checkout's models/, also where the package is installed apart
         return shipped_pair(HERE.parent / "models")
+    if model.get("llama3_8b_layers"):  # config only: random weights from load_format="dummy"
+        from harness.engines import LLAMA3_8B
+
+        paths = []
+        for name, layers in (("target", model["llama3_8b_layers"]), ("draft", 1)):
+            path = root / f"llama3-8b-shape-{layers}" / name
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "config.json").write_text(json.dumps({**LLAMA3_8B,
+                                                          "num_hidden_layers": layers}))
+            paths.append(str(path))
+        return paths[0], paths[1]
     where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
     if (where / "draft" / "config.json").exists():
         return str(where / "target"), str(where / "draft")
@@ -656,6 +749,8 @@ def main() -> None:
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--out", type=Path, help="the result JSON")
     parser.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "nwor-eq")
+    parser.add_argument("--trace", type=Path, help="write each engine's per-step trace here and "
+                        "name the first step where NWOR off and on part")
     args = parser.parse_args()
     if args.probe:
         result = run_engine(json.loads(args.probe[0]))
@@ -675,11 +770,11 @@ def main() -> None:
         chosen = [c for c in chosen if c.tensor_parallel_size <= gpus]
     where = "gpu" if on_cuda else "cpu"
     out = args.out or HERE / "results" / f"equivalence_{where}_{datetime.date.today()}.json"
-    run_matrix(chosen, args.models, out, on_cuda)
+    run_matrix(chosen, args.models, out, on_cuda, trace=args.trace)
 
 
 def run_matrix(chosen: list[Case], models: Path, out: Path, on_cuda: bool,
-               keep: bool = False) -> dict:
+               keep: bool = False, trace: Path | None = None) -> dict:
     """The cases one after the other, the result file written after each (a case that fails is
     a row with its error, not the end of the matrix); returns the file's payload. ``keep``: the
     rows ``out`` already holds stay, but for those of the cases run now."""
@@ -691,13 +786,14 @@ def run_matrix(chosen: list[Case], models: Path, out: Path, on_cuda: bool,
     for case in chosen:
         start = time.perf_counter()
         try:
-            row = run_case(case, model_paths(case.model, models), on_cuda)
+            row = run_case(case, model_paths(case.model, models), on_cuda, trace=trace)
         except Exception as error:
             row = {"name": case.name, "exact": False, "error": str(error)[-2000:]}
         row["seconds"] = round(time.perf_counter() - start, 1)
         payload["cases"].append(row)
-        print(json.dumps({k: row.get(k) for k in ("name", "exact", "agreement",
-                                                   "checks_failed", "error", "seconds")}),
+        print(json.dumps({k: row.get(k) for k in ("name", "exact", "agreement", "preemptions",
+                                                   "checks_failed", "error", "seconds",
+                                                   "trace")}),
               flush=True)
         write_json(out, payload)
     return payload

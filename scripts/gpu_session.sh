@@ -24,18 +24,12 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The last plan, run at d4e2e1a (eagle_mtp_gpu_hits_scv_2026-11-28_h200.json, `scv`; issue 54):
-# tests/gpu/test_eagle_gpu.py's SCV cases for EAGLE-3 on both runners again,
-# now with the bigram pair's EAGLE-3 head (real partial acceptance; the random head it replaced
-# accepted nothing greedy). Four engines a case (vLLM at k = 3 and 1, SCV fixed at chunk 1, SCV
-# adaptive), about 4.5 minutes; each pytest gets its own temporary folder (pytest prunes a
-# shared one's older runs).
-run_case() {  # run_case scv|nwor METHOD-RUNNER
-  local tests; [ "$1" = scv ] && tests="scv" || tests="test_nwor_on"
-  step "$1_$2" tests tests/gpu/test_eagle_gpu.py -k "$tests and $2" --basetemp="/tmp/pt/$1_$2"
-}
-stream0() { run_case scv eagle3-v2; }
-stream1() { run_case scv eagle3-v1; }
+# The plan (issue 63): the equivalence matrix's cases under load, NWOR off and on with each
+# engine's per-step trace (tests/common/engine_trace.py), so a case that parts names its first
+# differing step. Streams 0 and 1 are one-GPU cases; "after" runs once both are done, on all GPUs.
+stream0() { step pressure_tiny equivalence --cases pressure_ngram,pressure_ngram_no_prefix_caching; }
+stream1() { step pressure_8b equivalence --cases pressure_ngram_8b,pressure_ngram_8b_no_prefix_caching; }
+after() { step tp2_long equivalence --cases tp2_long_prompts_ngram,tp2_long_prompts_ngram_no_prefix_caching; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
@@ -49,4 +43,6 @@ for g in $(seq 0 $((gpus - 1))); do
   ) &
 done
 wait
+[ "$gpus" -ge 2 ] && declare -F after > /dev/null && after
+tar -czf "$OUT/traces.tar.gz" -C "$OUT" $(cd "$OUT" && ls -d trace-* 2>/dev/null) 2>/dev/null
 echo "=== all done $(date +%T)"

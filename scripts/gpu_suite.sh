@@ -9,6 +9,8 @@
 #                                              the plugin's code from <dir>/src, another version)
 #   scripts/gpu_suite.sh nwor_layer_gpu ARGS   benchmarks/tools/nwor_layer_gpu.py (NWOR_SRC as above)
 #   scripts/gpu_suite.sh scv_step_profile|nwor_step_host|host_noise ARGS   benchmarks/tools/<that>.py
+#   scripts/gpu_suite.sh equivalence ARGS      benchmarks/equivalence.py --out $OUT/<name>.json
+#                                              --trace $OUT/trace-<name> (each engine's step trace)
 #   scripts/gpu_suite.sh install               the install alone
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
 # (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
@@ -43,11 +45,14 @@ case "$what" in
     log="${STEP:-gpu-tests}"
     python3 -m pytest -q -p no:cacheprovider -rs -s --junitxml="$out/$log.xml" "$@" 2>&1 \
       | tee "$out/$log.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
+  equivalence)
+    python3 benchmarks/equivalence.py --out "$out/$name.json" --trace "$out/trace-$name" "$@" \
+      2>&1 | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG|WARNING|\[)" ;;
   nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
     script="benchmarks/$what.py"
     [ -e "$script" ] || script="benchmarks/tools/$what.py"  # the diagnostics
     python3 "$script" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|equivalence|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
 esac

@@ -148,7 +148,7 @@ def test_run_matrix_keeps_the_rows_of_cases_run_before(tmp_path, monkeypatch):
     """The GPU TP test runs one case at a time into one result file (``keep``): rows of other
     cases stay, a case run again replaces its row, and a case that fails is a row with its
     error."""
-    def run_case(case, paths, on_cuda):
+    def run_case(case, paths, on_cuda, **kwargs):
         if case.name == "tp2_ngram":
             raise RuntimeError("probe failed")
         return {"name": case.name, "exact": True}
