@@ -73,6 +73,7 @@ class Case:
     kv_tokens: int = 768  # with ``preempt``: the KV cache the scheduler may hand out, in tokens
     structured: bool = False  # the structured-output workload instead of rounds 1-4
     workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
+    engine_process: bool = False  # the engine core in a process of its own (LLM's default)
     tensor_parallel_size: int = 1  # > 1: the runner in worker processes, audited there
 
 
@@ -89,6 +90,9 @@ CPU_SHAPES = {
 }
 # A noisy copy of the target drafts: accepted often, not always (real rejections).
 DRAFT = dict(num_layers=3, draft_layers=3, draft_noise=0.08)
+# Llama-3-8B's attention (32 query heads, 8 KV heads of 128) in 4 layers, random weights.
+MODEL_8B = dict(hidden_size=4096, num_heads=32, num_kv_heads=8, num_layers=4, draft_layers=1,
+                draft_noise=0.08)
 
 
 def cases(on_cuda: bool) -> list[Case]:
@@ -115,15 +119,28 @@ def cases(on_cuda: bool) -> list[Case]:
     ]
     rows += [Case(f"shape_{name}", model={**DRAFT, **shape}) for name, shape in shapes.items()
              if name != first]
-    if on_cuda:  # the 8B shape (4 of its layers, random weights), at vLLM's batch sizes
+    if on_cuda:  # as a user runs LLM: the 8B attention shape, the engine core in its process
+        no_caching = dict(enable_prefix_caching=False)
         rows += [Case(
-            "pressure_ngram_8b" + ("" if caching else "_no_prefix_caching"), method="ngram",
-            model={"llama3_8b_layers": 4}, preempt=True, kv_tokens=3072, workload="pressure",
-            engine=dict(max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=8192,
-                        **({} if caching else dict(enable_prefix_caching=False))),
-            why="Llama-3-8B-shaped, 4 layers, vLLM's max_num_seqs and an 8,192-token budget; a "
-            "KV cache of 3,072 tokens for 24 requests of 240-340: preempted again and again"
+            "pressure_8b_ngram" + ("" if caching else "_no_prefix_caching"), method="ngram",
+            model=MODEL_8B, preempt=True, kv_tokens=6144, workload="pressure_long",
+            engine_process=True,
+            engine=dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384,
+                        **({} if caching else no_caching)),
+            why="Llama-3-8B's attention (4 layers, random weights), the engine core in its own "
+            "process and vLLM's LLM batch defaults on an H200 (1,024 sequences, 16,384 tokens); "
+            "a KV cache of 6,144 tokens for 24 requests of 460-660: preempted again and again"
             + ("" if caching else "; prefix caching off"))
+            for caching in (True, False)]
+        rows += [Case(
+            "tp2_wide_prompts_8b_ngram" + ("" if caching else "_no_prefix_caching"),
+            method="ngram", k=4, model=MODEL_8B, tensor_parallel_size=2,
+            workload="long_prompts_wide", engine_process=True,
+            engine=dict(max_model_len=None, max_num_seqs=32, max_num_batched_tokens=1024,
+                        **({} if caching else no_caching)),
+            why="tensor_parallel_size=2, Llama-3-8B's attention (4 layers, random weights), 48 "
+            "prompts of 500-1,500 tokens over a 1,024-token budget, batch 32: chunked prefill "
+            "beside verify steps" + ("" if caching else "; prefix caching off"))
             for caching in (True, False)]
     # Under load: KV pressure that preempts again and again, prefix caching on and off.
     for method, k in (("ngram", 3), ("draft_model", 3)):
@@ -180,27 +197,44 @@ def round_one(vocab: int) -> list[tuple[list[int], dict]]:
     return requests
 
 
-def round_pressure(vocab: int) -> list[tuple[list[int], dict]]:
-    """The ``pressure`` workload: 24 greedy requests of 120-220-token prompts (half share a
-    64-token prefix) and 120 output tokens, three times what a ``preempt`` case's KV cache holds
-    for a full batch: requests are preempted again and again, and resumed by recomputing their
-    prompts and outputs (from prefix-cache hits where caching is on)."""
+def round_pressure(vocab: int, lengths: tuple[int, int] = (120, 220),
+                   max_tokens: int = 120) -> list[tuple[list[int], dict]]:
+    """The ``pressure`` workload: 24 greedy requests of ``lengths`` prompt tokens (half share a
+    64-token prefix) and ``max_tokens`` output tokens, far more than a ``preempt`` case's KV
+    cache holds: requests are preempted again and again, and resumed by recomputing their
+    prompts and outputs (from prefix-cache hits where caching is on). ``pressure_long``: 300-500
+    prompt tokens and 160 output tokens."""
     shared = [(17 * j) % (vocab - 3) + 3 for j in range(64)]
+    low, high = lengths
     requests = []
     for i in range(24):
-        own = [(5 * i + 11 * j + 1) % (vocab - 3) + 3 for j in range(120 + (i * 37) % 100)]
+        own = [(5 * i + 11 * j + 1) % (vocab - 3) + 3
+               for j in range(low + (i * 37) % (high - low))]
         prompt = (shared + own[64:]) if i % 2 else own
-        requests.append((prompt, dict(max_tokens=120)))
+        requests.append((prompt, dict(max_tokens=max_tokens)))
     return requests
 
 
-def round_long_prompts(vocab: int) -> list[tuple[list[int], dict]]:
-    """The ``long_prompts`` workload: 32 greedy requests whose prompts (300-700 tokens, the
-    first 200 shared) are longer than the case's token budget, so every prompt is prefilled in
-    chunks in steps that also verify other requests' drafts; 40 output tokens each."""
-    shared = [(13 * j + 5) % (vocab - 3) + 3 for j in range(200)]
-    return [(shared + [(7 * i + 3 * j + 2) % (vocab - 3) + 3 for j in range(100 + (i * 53) % 400)],
-             dict(max_tokens=40)) for i in range(32)]
+def round_long_prompts(vocab: int, count: int = 32, shared_len: int = 200,
+                       lengths: tuple[int, int] = (300, 700),
+                       max_tokens: int = 40) -> list[tuple[list[int], dict]]:
+    """The ``long_prompts`` workload: ``count`` greedy requests whose prompts (``lengths``
+    tokens, the first ``shared_len`` shared) are longer than the case's token budget, so every
+    prompt is prefilled in chunks in steps that also verify other requests' drafts.
+    ``long_prompts_wide``: 48 requests of 500-1,500 tokens, 300 shared, 64 output tokens."""
+    shared = [(13 * j + 5) % (vocab - 3) + 3 for j in range(shared_len)]
+    low, high = lengths
+    return [(shared + [(7 * i + 3 * j + 2) % (vocab - 3) + 3
+                       for j in range(low - shared_len + (i * 53) % (high - low))],
+             dict(max_tokens=max_tokens)) for i in range(count)]
+
+
+WORKLOADS = {
+    "pressure": round_pressure,
+    "pressure_long": lambda vocab: round_pressure(vocab, (300, 500), 160),
+    "long_prompts": round_long_prompts,
+    "long_prompts_wide": lambda vocab: round_long_prompts(vocab, 48, 300, (500, 1500), 64),
+}
 
 
 def round_sampled(vocab: int, on_cuda: bool) -> list[tuple[list[int], dict]]:
@@ -323,8 +357,6 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         gpu_memory_utilization=0.15 if on_cuda else 0.3, disable_log_stats=False, seed=0,
         dtype="bfloat16" if on_cuda else "float32",
     )
-    if case.model.get("llama3_8b_layers"):
-        kwargs["load_format"] = "dummy"
     if case.tensor_parallel_size > 1:
         kwargs["tensor_parallel_size"] = case.tensor_parallel_size
     if case.preempt:
@@ -337,7 +369,8 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1] if on_cuda else 0
         kwargs["num_gpu_blocks_override"] = (case.kv_tokens // block_size
                                              + (reserved if nwor else 0))
-    return {**kwargs, **case.engine}
+    # A case's None restores vLLM's own default for a key the harness sets.
+    return {k: v for k, v in {**kwargs, **case.engine}.items() if v is not None}
 
 
 def default_block_size(on_cuda: bool) -> int:
@@ -375,6 +408,8 @@ def run_engine(spec: dict) -> dict:
     # of their own either way): in a process of its own it would start stepping as the first
     # requests arrive, and how many requests a step sees, so the two engines' batches and their
     # bf16 sums, would depend on timing NWOR has no part in.
+    if spec["case"].get("engine_process"):  # as LLM runs it by default, timing and all
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import gc
 
@@ -393,14 +428,15 @@ def run_engine(spec: dict) -> dict:
 
     case, on_cuda, nwor = Case(**spec["case"]), spec["on_cuda"], spec["nwor"]
     tensor_parallel = case.tensor_parallel_size > 1
-    if tensor_parallel and not os.environ.get(ENV_DIR):
-        raise RuntimeError(f"{case.name}: a tensor-parallel engine's runners are in its workers; "
-                           "run it through probe(), which loads the audit plugin into them")
+    remote = tensor_parallel or case.engine_process  # the runners in other processes
+    if remote and not os.environ.get(ENV_DIR):
+        raise RuntimeError(f"{case.name}: this engine's runners are in other processes; run it "
+                           "through probe(), which loads the audit plugin into them")
     kwargs = engine_kwargs(case, tuple(spec["paths"]), nwor, on_cuda)
     llm = LLM(**kwargs)
     config = llm.llm_engine.vllm_config
     runner = audit = steps = other = None
-    if not tensor_parallel:
+    if not remote:
         runner = runner_of(llm)
         if case.two_engines and nwor:  # a second NWOR engine here, bound after this one
             other_case = Case(**{**spec["case"], "k": case.k + 1})
@@ -415,10 +451,8 @@ def run_engine(spec: dict) -> dict:
     has_tokenizer = not kwargs["skip_tokenizer_init"]
     if case.structured:
         outputs = _generate(llm, round_structured())
-    elif case.workload == "pressure":
-        outputs = _generate(llm, round_pressure(vocab))
-    elif case.workload == "long_prompts":
-        outputs = _generate(llm, round_long_prompts(vocab))
+    elif case.workload != "rounds":
+        outputs = _generate(llm, WORKLOADS[case.workload](vocab))
     else:
         first = round_one(vocab)
         out1 = _generate(llm, first)
@@ -525,7 +559,7 @@ def probe(spec: dict, timeout: int = 900) -> dict:
         env = dict(os.environ)
         env.pop(soak_audit.ENV_DIR, None)
         env.pop(engine_trace.ENV_DIR, None)
-        if spec["case"].get("tensor_parallel_size", 1) > 1:
+        if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (soak_audit.install(Path(tmp) / "site"), env.get("PYTHONPATH")) if p)
             env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
@@ -704,17 +738,6 @@ def model_paths(model: dict, root: Path) -> tuple[str, str]:
 
     if model.get("shipped"):  # the checkout's models/, also where the package is installed apart
         return shipped_pair(HERE.parent / "models")
-    if model.get("llama3_8b_layers"):  # config only: random weights from load_format="dummy"
-        from harness.engines import LLAMA3_8B
-
-        paths = []
-        for name, layers in (("target", model["llama3_8b_layers"]), ("draft", 1)):
-            path = root / f"llama3-8b-shape-{layers}" / name
-            path.mkdir(parents=True, exist_ok=True)
-            (path / "config.json").write_text(json.dumps({**LLAMA3_8B,
-                                                          "num_hidden_layers": layers}))
-            paths.append(str(path))
-        return paths[0], paths[1]
     where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
     if (where / "draft" / "config.json").exists():
         return str(where / "target"), str(where / "draft")

@@ -27,9 +27,9 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # The plan (issue 63): the equivalence matrix's cases under load, NWOR off and on with each
 # engine's per-step trace (tests/common/engine_trace.py), so a case that parts names its first
 # differing step. Streams 0 and 1 are one-GPU cases; "after" runs once both are done, on all GPUs.
-stream0() { step pressure_tiny equivalence --cases pressure_ngram,pressure_ngram_no_prefix_caching; }
-stream1() { step pressure_8b equivalence --cases pressure_ngram_8b,pressure_ngram_8b_no_prefix_caching; }
-after() { step tp2_long equivalence --cases tp2_long_prompts_ngram,tp2_long_prompts_ngram_no_prefix_caching; }
+stream0() { step pressure_8b equivalence --cases pressure_8b_ngram --models /tmp/m0; }
+stream1() { step pressure_8b_nopc equivalence --cases pressure_8b_ngram_no_prefix_caching --models /tmp/m1; }
+after() { step tp2_wide equivalence --cases tp2_wide_prompts_8b_ngram,tp2_wide_prompts_8b_ngram_no_prefix_caching --models /tmp/m0; }
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
