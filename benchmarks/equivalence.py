@@ -133,6 +133,12 @@ def cases(on_cuda: bool) -> list[Case]:
             + ("" if caching else "; prefix caching off"))
             for caching in (True, False)]
         rows += [Case(
+            f"aa_{row.name}", method=row.method, model=row.model, preempt=True,
+            kv_tokens=row.kv_tokens, workload=row.workload, engine_process=True,
+            engine=row.engine, nwor_both=True,
+            why="A/A: NWOR off twice, the engine core in its own process")
+            for row in rows[-2:]]
+        rows += [Case(
             "tp2_wide_prompts_8b_ngram" + ("" if caching else "_no_prefix_caching"),
             method="ngram", k=4, model=MODEL_8B, tensor_parallel_size=2,
             workload="long_prompts_wide", engine_process=True,
@@ -142,6 +148,15 @@ def cases(on_cuda: bool) -> list[Case]:
             "prompts of 500-1,500 tokens over a 1,024-token budget, batch 32: chunked prefill "
             "beside verify steps" + ("" if caching else "; prefix caching off"))
             for caching in (True, False)]
+        rows.append(Case("tp2_wide_prompts_8b_ngram_eager", method="ngram", k=4, model=MODEL_8B,
+                         tensor_parallel_size=2, workload="long_prompts_wide",
+                         engine_process=True, engine={**rows[-2].engine, "enforce_eager": True},
+                         why="as tp2_wide_prompts_8b_ngram, without torch.compile and CUDA "
+                         "graphs"))
+        rows.append(Case("aa_tp2_wide_prompts_8b_ngram", method="ngram", k=4, model=MODEL_8B,
+                         tensor_parallel_size=2, workload="long_prompts_wide",
+                         engine_process=True, engine=rows[-2].engine, nwor_both=True,
+                         why="A/A: NWOR off twice, tensor_parallel_size=2"))
     # Under load: KV pressure that preempts again and again, prefix caching on and off.
     for method, k in (("ngram", 3), ("draft_model", 3)):
         for caching in (True, False):
