@@ -6,6 +6,8 @@ grouped by feature: ``nwor/`` (staged KV writes and verify attention), ``scv/`` 
 chunks), ``telemetry/`` (acceptance lengths and metrics); ``engine_args`` (the plugin's config),
 ``draft_window`` (the draft context window) and ``_patch`` (the utility) serve all of them.
 
+0. ``VllmConfig.compute_hash``: vLLM's config hash (its compile cache's key) without the
+   plugin's keys, so the plugin shares vLLM's compiled kernels.
 1. ``EngineArgs.create_engine_config``: move the plugin's keys out of the speculative config
    into ``additional_config``; validate the finished config.
 2. ``GPUModelRunner.initialize_kv_cache``: bind the interceptor to the target's attention layers.

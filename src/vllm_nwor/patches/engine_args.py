@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from vllm.config import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import (
+    PLUGIN_KEYS,
     NworConfig,
     NworConfigError,
     merge_plugin_settings,
@@ -199,7 +201,39 @@ def _wrap_create_engine_config(create_engine_config):
     return wrapper
 
 
+def _wrap_compute_hash(compute_hash):
+    """vLLM's config hash without the plugin's keys.
+
+    vLLM keys its torch.compile cache (and Inductor's, kernel choices included) by this hash.
+    Nothing the plugin does is inside the compiled graph: the KV write and attention are
+    splitting ops that run outside it (:func:`unsupported_compilation` refuses the setups where
+    they would not), and what the plugin changes in vLLM's own config (CUDA graph sizes for
+    SCV) is hashed by vLLM as usual. So the plugin's keys leave the hash, and an engine with
+    the plugin on compiles to, and loads, the same artifacts as one with it off: the same
+    kernels. Two separate compiles can choose different Inductor kernels, whose rounding
+    differs (``tp2_wide_prompts_8b_ngram`` in docs/equivalence.md)."""
+    def wrapper(self):
+        additional = self.additional_config
+        if not isinstance(additional, dict) or not any(k in additional for k in PLUGIN_KEYS):
+            return compute_hash(self)
+        self.additional_config = {k: v for k, v in additional.items() if k not in PLUGIN_KEYS}
+        try:
+            return compute_hash(self)
+        finally:
+            self.additional_config = additional
+
+    return wrapper
+
+
 PATCHES = [
+    Patch(
+        VllmConfig,
+        "compute_hash",
+        _wrap_compute_hash,
+        why="vLLM's config hash keys its compile cache; the plugin's keys change nothing "
+        "compiled, so they stay out of it and the plugin shares vLLM's compiled kernels. "
+        "Retired by a way for additional_config entries to opt out of the hash.",
+    ),
     Patch(
         EngineArgs,
         "create_engine_config",
