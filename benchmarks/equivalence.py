@@ -74,6 +74,7 @@ class Case:
     structured: bool = False  # the structured-output workload instead of rounds 1-4
     workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
     engine_process: bool = False  # the engine core in a process of its own (LLM's default)
+    fresh_compile: bool = False  # each engine compiles anew, into caches of its own
     tensor_parallel_size: int = 1  # > 1: the runner in worker processes, audited there
 
 
@@ -119,51 +120,17 @@ def cases(on_cuda: bool) -> list[Case]:
     ]
     rows += [Case(f"shape_{name}", model={**DRAFT, **shape}) for name, shape in shapes.items()
              if name != first]
-    if on_cuda:  # as a user runs LLM: the 8B attention shape, the engine core in its process
-        no_caching = dict(enable_prefix_caching=False)
-        rows += [Case(
-            "pressure_8b_ngram" + ("" if caching else "_no_prefix_caching"), method="ngram",
-            model=MODEL_8B, preempt=True, kv_tokens=6144, workload="pressure_long",
-            engine_process=True,
-            engine=dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384,
-                        **({} if caching else no_caching)),
-            why="Llama-3-8B's attention (4 layers, random weights), the engine core in its own "
-            "process and vLLM's LLM batch defaults on an H200 (1,024 sequences, 16,384 tokens); "
-            "a KV cache of 6,144 tokens for 24 requests of 460-660: preempted again and again"
-            + ("" if caching else "; prefix caching off"))
-            for caching in (True, False)]
-        rows += [Case(
-            f"aa_{row.name}", method=row.method, model=row.model, preempt=True,
-            kv_tokens=row.kv_tokens, workload=row.workload, engine_process=True,
-            engine=row.engine, nwor_both=True,
-            why="A/A: NWOR off twice, the engine core in its own process")
-            for row in rows[-2:]]
-        rows += [Case(
-            "tp2_wide_prompts_8b_ngram" + ("" if caching else "_no_prefix_caching"),
-            method="ngram", k=4, model=MODEL_8B, tensor_parallel_size=2,
-            workload="long_prompts_wide", engine_process=True,
-            engine=dict(max_model_len=None, max_num_seqs=32, max_num_batched_tokens=1024,
-                        **({} if caching else no_caching)),
-            why="tensor_parallel_size=2, Llama-3-8B's attention (4 layers, random weights), 48 "
-            "prompts of 500-1,500 tokens over a 1,024-token budget, batch 32: chunked prefill "
-            "beside verify steps" + ("" if caching else "; prefix caching off"))
-            for caching in (True, False)]
-        rows.append(Case("tp2_wide_prompts_8b_ngram_eager", method="ngram", k=4, model=MODEL_8B,
-                         tensor_parallel_size=2, workload="long_prompts_wide",
-                         engine_process=True, engine={**rows[-2].engine, "enforce_eager": True},
-                         why="as tp2_wide_prompts_8b_ngram, without torch.compile and CUDA "
-                         "graphs"))
-        rows.append(Case("aa_tp2_wide_prompts_8b_ngram", method="ngram", k=4, model=MODEL_8B,
-                         tensor_parallel_size=2, workload="long_prompts_wide",
-                         engine_process=True, engine=rows[-2].engine, nwor_both=True,
-                         why="A/A: NWOR off twice, tensor_parallel_size=2"))
+    if on_cuda:
+        rows += cases_8b()
     # Under load: KV pressure that preempts again and again, prefix caching on and off.
     for method, k in (("ngram", 3), ("draft_model", 3)):
         for caching in (True, False):
             rows.append(Case(
                 f"pressure_{method}" + ("" if caching else "_no_prefix_caching"), method=method,
                 k=k, model=model, preempt=True, kv_tokens=1024, workload="pressure",
-                engine={} if caching else dict(enable_prefix_caching=False),
+                # On the CPU, vLLM's GPU block size, so that the 64-token prefix is cached.
+                engine=({} if on_cuda else dict(block_size=16))
+                | ({} if caching else dict(enable_prefix_caching=False)),
                 why="a KV cache of 1,024 tokens for 24 requests of 240-340 tokens: preempted "
                 "again and again" + ("" if caching else "; prefix caching off")))
     rows.append(Case("structured_output", model={"shipped": True}, structured=True,
@@ -192,6 +159,61 @@ def cases(on_cuda: bool) -> list[Case]:
             Case("eager", model=model, engine=dict(enforce_eager=True),
                  why="no CUDA graphs, no compile: every layer through NWOR's Python path"),
         ]
+    return rows
+
+
+def cases_8b() -> list[Case]:
+    """Llama-3-8B's attention (4 random-weight layers) under load on the GPU: KV pressure at
+    vLLM's LLM batch defaults on an H200 (1,024 sequences, 16,384 tokens) with a KV cache of
+    6,144 tokens for 24 requests of 460-660, and tensor parallelism 2 with 48 prompts of
+    500-1,500 tokens over a 1,024-token budget (batch 32).
+
+    ``*_in_process``: the engine core in the caller's process, stepped as requests are added
+    all at once, so both engines see the same batches. The others run the engine core in its
+    own process, as ``LLM`` does by default: its first step takes the requests that have
+    arrived by then, so two engines' batches differ with the plugin off too (the ``aa_*``
+    rows measure it). ``*_fresh_compile``: each engine compiles on its own, into caches of its
+    own, with the plugin off on both sides."""
+    no_caching = dict(enable_prefix_caching=False)
+    pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=6144, workload="pressure_long")
+    pressure_engine = dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384)
+    tp = dict(k=4, model=MODEL_8B, tensor_parallel_size=2, workload="long_prompts_wide")
+    tp_engine = dict(max_model_len=None, max_num_seqs=32, max_num_batched_tokens=1024)
+    rows = []
+    for suffix, caching in (("", True), ("_no_prefix_caching", False)):
+        off = {} if caching else no_caching
+        why = "" if caching else "; prefix caching off"
+        for method in ("ngram", "draft_model"):
+            rows.append(Case(f"pressure_8b_{method}{suffix}_in_process", method=method,
+                             engine={**pressure_engine, **off}, **pressure,
+                             why="KV pressure, Llama-3-8B's attention" + why))
+            rows.append(Case(f"tp2_wide_prompts_8b_{method}{suffix}_in_process", method=method,
+                             engine={**tp_engine, **off}, **tp,
+                             why="tensor_parallel_size=2, chunked prefill beside verify steps, "
+                             "Llama-3-8B's attention" + why))
+        rows.append(Case(f"pressure_8b_ngram{suffix}", method="ngram", engine_process=True,
+                         engine={**pressure_engine, **off}, **pressure,
+                         why="as pressure_8b_ngram_in_process, the engine core in its own "
+                         "process" + why))
+        rows.append(Case(f"aa_pressure_8b_ngram{suffix}", method="ngram", engine_process=True,
+                         engine={**pressure_engine, **off}, nwor_both=True, **pressure,
+                         why="A/A: NWOR off twice, the engine core in its own process" + why))
+        rows.append(Case(f"tp2_wide_prompts_8b_ngram{suffix}", method="ngram",
+                         engine_process=True, engine={**tp_engine, **off}, **tp,
+                         why="as tp2_wide_prompts_8b_ngram_in_process, the engine core in its "
+                         "own process" + why))
+    rows += [
+        Case("tp2_wide_prompts_8b_ngram_eager", method="ngram", engine_process=True,
+             engine={**tp_engine, "enforce_eager": True}, **tp,
+             why="as tp2_wide_prompts_8b_ngram, without torch.compile and CUDA graphs"),
+        Case("aa_tp2_wide_prompts_8b_ngram", method="ngram", engine_process=True,
+             engine=tp_engine, nwor_both=True, **tp,
+             why="A/A: NWOR off twice, tensor_parallel_size=2"),
+        Case("aa_tp2_wide_prompts_8b_ngram_fresh_compile", method="ngram", engine=tp_engine,
+             nwor_both=True, fresh_compile=True, **tp,
+             why="A/A: NWOR off twice, the engine core in this process, each engine compiling "
+             "on its own"),
+    ]
     return rows
 
 
@@ -426,6 +448,11 @@ def run_engine(spec: dict) -> dict:
     if spec["case"].get("engine_process"):  # as LLM runs it by default, timing and all
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if spec["case"].get("fresh_compile"):  # caches of its own: nothing compiled is reused
+        fresh = Path(tempfile.mkdtemp(prefix="fresh-compile-"))
+        os.environ.update(VLLM_DISABLE_COMPILE_CACHE="1", VLLM_CACHE_ROOT=str(fresh / "vllm"),
+                          TORCHINDUCTOR_CACHE_DIR=str(fresh / "inductor"),
+                          TRITON_CACHE_DIR=str(fresh / "triton"))
     import gc
 
     from cache_audit import (

@@ -24,12 +24,24 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (issue 63): the equivalence matrix's cases under load, NWOR off and on with each
-# engine's per-step trace (tests/common/engine_trace.py), so a case that parts names its first
-# differing step. Streams 0 and 1 are one-GPU cases; "after" runs once both are done, on all GPUs.
-stream0() { step pressure_8b equivalence --cases pressure_8b_ngram --models /tmp/m0; }
-stream1() { step pressure_8b_nopc equivalence --cases pressure_8b_ngram_no_prefix_caching --models /tmp/m1; }
-after() { step tp2_wide equivalence --cases tp2_wide_prompts_8b_ngram,tp2_wide_prompts_8b_ngram_no_prefix_caching --models /tmp/m0; }
+# The plan (issue 63, next): the 8B-attention cases with the engine core in this process (the
+# exactness claim: same batches on both sides), and the TP 2 cases again with the plugin's keys out
+# of vLLM's compile hash (f129fe2). About 2.5 minutes a case; every case traced
+# (tests/common/engine_trace.py), so one that parts names its first differing step. Earlier plans
+# and what they found: benchmarks/results/equivalence_gpu_load_2026-11-28_h200x2.json.
+stream0() {
+  step p8b_ngram equivalence --models /tmp/m0 --cases \
+    pressure_8b_ngram_in_process,pressure_8b_ngram_no_prefix_caching_in_process
+  step p_dm equivalence --models /tmp/m0 --cases pressure_draft_model,pressure_draft_model_no_prefix_caching
+}
+stream1() {
+  step p8b_dm equivalence --models /tmp/m1 --cases \
+    pressure_8b_draft_model_in_process,pressure_8b_draft_model_no_prefix_caching_in_process
+}
+after() {
+  step tp2_8b equivalence --models /tmp/m0 --cases \
+    tp2_wide_prompts_8b_ngram_in_process,tp2_wide_prompts_8b_ngram_no_prefix_caching_in_process,aa_tp2_wide_prompts_8b_ngram_fresh_compile,tp2_wide_prompts_8b_draft_model_in_process
+}
 
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"

@@ -190,14 +190,15 @@ def read(directory: Path) -> dict:
             "worker": worker}
 
 
-def first_difference(a: dict, b: dict) -> dict | None:
+def first_difference(a: dict, b: dict, logits: bool = True) -> dict | None:
     """The first step at which two traces part, and how; None if they never do.
 
     At each step, in this order: what was scheduled (requests, tokens, computed tokens, drafts,
     blocks, preemptions), then each request's logits fingerprint (the forward), then its
     sampled tokens. So a difference is named at its cause: a schedule that differs before any
     forward did points at the scheduler (capacity, timing), a forward that differs under the
-    same schedule points at what the forward read (the KV cache)."""
+    same schedule points at what the forward read (the KV cache). ``logits=False`` leaves the
+    fingerprints out (where the two forwards are not meant to be bit for bit equal)."""
     # The worker samples once per step that scheduled anything.
     worker_a, worker_b = _by_step(a), _by_step(b)
     steps = max(len(a["schedule"]), len(b["schedule"]))
@@ -211,7 +212,7 @@ def first_difference(a: dict, b: dict) -> dict | None:
                 return {"step": step, "what": f"schedule.{field}",
                         **_schedule_difference(sa[field], sb[field])}
         wa, wb = worker_a.get(step), worker_b.get(step)
-        if wa is not None and wb is not None:
+        if logits and wa is not None and wb is not None:
             if wa["reqs"] != wb["reqs"]:
                 return {"step": step, "what": "batch order", "a": wa["reqs"], "b": wb["reqs"]}
             for req, fa, fb in zip(wa["reqs"], wa["logits"], wb["logits"], strict=True):

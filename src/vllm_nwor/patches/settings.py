@@ -3,10 +3,11 @@
 ``EngineArgs.create_engine_config`` (:mod:`~vllm_nwor.patches.engine_args`) parses and validates
 the plugin's keys once, in the process that builds the engine config, leaves them in
 ``additional_config`` validated and canonical (every key, for the engine's other processes,
-which receive the ``VllmConfig`` pickled; vLLM's config hash leaves them out), and registers the parsed
-:class:`~vllm_nwor.config.NworConfig` for that ``VllmConfig`` here. :func:`plugin_config` hands
-out the registered one; for a ``VllmConfig`` it has not seen (in another process, or a copy
-vLLM made) it builds the config from ``additional_config`` once and keeps it.
+which receive the ``VllmConfig`` pickled; vLLM's config hash leaves them out), and registers
+the parsed :class:`~vllm_nwor.config.NworConfig` for that ``VllmConfig`` here.
+:func:`plugin_config` hands out the registered one; for a ``VllmConfig`` it has not seen (in
+another process, or a copy vLLM made) it builds the config from ``additional_config`` once and
+keeps it.
 
 Nothing is set on vLLM's objects: vLLM copies its configs field by field, and an attribute that
 is not a field breaks those copies.

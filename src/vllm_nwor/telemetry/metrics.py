@@ -9,11 +9,10 @@ vLLM's own clean-up of ``vllm:`` collectors between engines covers them too.
 
 PromQL, over a 5-minute window:
 
-- share of staged draft tokens NWOR never wrote::
+- share of staged draft tokens kept out of requests' blocks (rejected)::
 
       rate(vllm:nwor_tokens_rejected_total[5m]) / rate(vllm:nwor_tokens_staged_total[5m])
 
-- KV-cache write bandwidth saved, bytes/s: ``rate(vllm:nwor_kv_bytes_not_written_total[5m])``
 - fallbacks by reason: ``sum by (reason) (rate(vllm:nwor_fallbacks_total[5m]))``
 - NWOR against vLLM's own counter (1.0 when no step fell back; with async scheduling slightly
   above, docs/telemetry.md says why)::
@@ -100,12 +99,14 @@ class TelemetryMetrics:
             ),
             "tokens_rejected": counter(
                 "vllm:nwor_tokens_rejected",
-                "Staged draft tokens that were rejected; their K/V was never written.",
+                "Staged draft tokens that were rejected; their K/V never reached a request's "
+                "own blocks (on the GPU it was written to NWOR's scratch blocks).",
             ),
             "kv_bytes_not_written": counter(
                 "vllm:nwor_kv_bytes_not_written",
-                "KV-cache bytes not written: rejected tokens x K and V bytes of one token in "
-                "all target layers, summed over tensor-parallel ranks.",
+                "Rejected tokens x K and V bytes of one token in all target layers, summed "
+                "over tensor-parallel ranks: the rejected drafts' K/V kept out of requests' "
+                "blocks. Arithmetic, not bytes the hardware did not write.",
             ),
         }
         self.nwor_fallbacks = counter(
