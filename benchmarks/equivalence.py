@@ -133,6 +133,12 @@ def cases(on_cuda: bool) -> list[Case]:
                 | ({} if caching else dict(enable_prefix_caching=False)),
                 why="a KV cache of 1,024 tokens for 24 requests of 240-340 tokens: preempted "
                 "again and again" + ("" if caching else "; prefix caching off")))
+    if not on_cuda:  # vLLM's CPU engine at TP 2: two worker processes, one core each
+        rows.append(Case(
+            "tp2_long_prompts_draft_model", model=model, tensor_parallel_size=2,
+            workload="long_prompts_small", engine=dict(block_size=16, max_model_len=1024),
+            why="tensor_parallel_size=2, 12 prompts of 150-400 tokens over the 128-token budget: "
+            "prefilled in chunks beside verify steps; block size 16 for prefix-cache hits"))
     rows.append(Case("structured_output", model={"shipped": True}, structured=True,
                      engine=dict(max_model_len=256),
                      why="the shipped pair: a tokenizer (for grammars and stop strings) and a "
@@ -271,6 +277,7 @@ WORKLOADS = {
     "pressure_long": lambda vocab: round_pressure(vocab, (300, 500), 160),
     "long_prompts": round_long_prompts,
     "long_prompts_wide": lambda vocab: round_long_prompts(vocab, 48, 300, (500, 1500), 64),
+    "long_prompts_small": lambda vocab: round_long_prompts(vocab, 12, 130, (150, 400), 24),
 }
 
 
@@ -601,6 +608,10 @@ def probe(spec: dict, timeout: int = 900) -> dict:
         env = dict(os.environ)
         env.pop(soak_audit.ENV_DIR, None)
         env.pop(engine_trace.ENV_DIR, None)
+        if spec["case"].get("tensor_parallel_size", 1) > 1 and not spec["on_cuda"]:
+            # vLLM's CPU workers, one core each (its automatic binding wants a NUMA node each).
+            cpus = sorted(os.sched_getaffinity(0))
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, cpus[:2])))
         if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (soak_audit.install(Path(tmp) / "site"), env.get("PYTHONPATH")) if p)
