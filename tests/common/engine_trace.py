@@ -32,18 +32,14 @@ import sys
 from pathlib import Path
 
 ENV_DIR = "NWOR_TRACE_DIR"
-DIST = "nwor_engine_trace-0.dist-info"
 _SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 
 
 def install(site: Path) -> str:
     """Makes ``site`` hold the plugin's metadata; returns the ``PYTHONPATH`` for the engine."""
-    dist = Path(site) / DIST
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nwor-engine-trace\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nnwor_engine_trace = engine_trace:register\n")
-    return os.pathsep.join([str(site), str(Path(__file__).parent)])
+    from soak_audit import install_plugin
+
+    return install_plugin(site, "engine_trace")
 
 
 def request_key(req_id: str) -> str:

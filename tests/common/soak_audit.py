@@ -27,18 +27,25 @@ import time
 from pathlib import Path
 
 ENV_DIR = "NWOR_SOAK_AUDIT_DIR"
-DIST = "nwor_soak_audit-0.dist-info"
 MAX_LISTED = 20  # violations kept verbatim; all are counted
 MAX_MEMORY_SAMPLES = 1000  # memory samples kept, thinned to half when there are more
 
 
 def install(site: Path) -> str:
     """Makes ``site`` hold the plugin's metadata; returns the ``PYTHONPATH`` for the server."""
-    dist = Path(site) / DIST
+    return install_plugin(site, "soak_audit")
+
+
+def install_plugin(site: Path, module: str) -> str:
+    """Makes ``site`` hold the metadata of a distribution ``nwor-<module>`` whose
+    ``vllm.general_plugins`` entry point is ``<module>.register`` (a module of this folder);
+    returns the ``PYTHONPATH`` that lets an engine's processes find both."""
+    dist = Path(site) / f"nwor_{module}-0.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nwor-soak-audit\nVersion: 0\n")
+    name = "nwor-" + module.replace("_", "-")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nnwor_soak_audit = soak_audit:register\n")
+        f"[vllm.general_plugins]\nnwor_{module} = {module}:register\n")
     return os.pathsep.join([str(site), str(Path(__file__).parent)])
 
 
