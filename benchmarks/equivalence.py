@@ -133,6 +133,22 @@ def cases(on_cuda: bool) -> list[Case]:
                 | ({} if caching else dict(enable_prefix_caching=False)),
                 why="a KV cache of 1,024 tokens for 24 requests of 240-340 tokens: preempted "
                 "again and again" + ("" if caching else "; prefix caching off")))
+    if on_cuda:  # EAGLE-3 on vLLM's V2 runner (its default for dense models on a GPU)
+        eagle3 = {"bigram_eagle3": True, **GPU_SHAPES["hd64_gqa2"]}
+        for suffix, off in (("", {}), ("_no_prefix_caching", dict(enable_prefix_caching=False))):
+            why = "" if not off else "; prefix caching off"
+            rows.append(Case(
+                f"pressure_eagle3{suffix}", method="eagle3", model=eagle3, preempt=True,
+                kv_tokens=1024, workload="pressure", engine=off,
+                why="EAGLE-3 (the bigram pair's head) on the V2 runner, a KV cache of 1,024 "
+                "tokens for 24 requests of 240-340 tokens" + why))
+            rows.append(Case(
+                f"tp2_long_prompts_eagle3{suffix}", method="eagle3", k=4, model=eagle3,
+                tensor_parallel_size=2, workload="long_prompts",
+                engine=dict(max_model_len=1024, max_num_seqs=16, max_num_batched_tokens=256,
+                            **off),
+                why="EAGLE-3 on the V2 runner at tensor_parallel_size=2, prompts of 300-700 "
+                "tokens over a 256-token budget" + why))
     if not on_cuda:  # vLLM's CPU engine at TP 2: two worker processes, one core each
         rows.append(Case(
             "tp2_long_prompts_draft_model", model=model, tensor_parallel_size=2,
@@ -791,6 +807,14 @@ def model_paths(model: dict, root: Path) -> tuple[str, str]:
 
     if model.get("shipped"):  # the checkout's models/, also where the package is installed apart
         return shipped_pair(HERE.parent / "models")
+    if model.get("bigram_eagle3"):  # a target and an EAGLE-3 head that is right now and then
+        from vllm_nwor.testing import write_bigram_eagle_pair
+
+        shape = {k: v for k, v in model.items() if k != "bigram_eagle3"}
+        where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
+        if (where / "eagle3" / "config.json").exists():
+            return str(where / "target"), str(where / "eagle3")
+        return write_bigram_eagle_pair(where, eagle3=True, **shape)
     where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
     if (where / "draft" / "config.json").exists():
         return str(where / "target"), str(where / "draft")
