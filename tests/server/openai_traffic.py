@@ -16,11 +16,19 @@ VOLATILE = ("id", "created", "system_fingerprint")
 """Fields that differ between two servers' equal responses."""
 
 
+PROCESS_METRICS = ("process_", "python_gc_")
+"""prometheus_client's own samples of the server process (CPU seconds, memory, garbage
+collections): they move with every scrape, traffic or not, and are not vLLM's or the plugin's."""
+
+
 def scrape(server) -> dict[tuple, float]:
-    """/metrics as {(sample name, labels other than model_name and engine): value}."""
+    """/metrics as {(sample name, labels other than model_name and engine): value}, without the
+    process's own samples."""
     values = {}
     for family in text_string_to_metric_families(server.metrics_text()):
         for sample in family.samples:
+            if sample.name.startswith(PROCESS_METRICS):
+                continue
             labels = tuple(sorted((k, v) for k, v in sample.labels.items()
                                   if k not in ("model_name", "engine")))
             values[(sample.name, labels)] = sample.value
