@@ -190,12 +190,19 @@ def send(server, model: str, request: dict, tally: Tally) -> None:
         connection.close()
 
 
+PROCESS_METRICS = ("process_", "python_gc_")
+"""prometheus_client's samples of the server process (CPU seconds, memory, garbage collections):
+they move with every scrape, traffic or not; memory is sampled on its own (``group_rss``)."""
+
+
 def scrape(server) -> dict[tuple, tuple[str, float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     values = {}
     for family in text_string_to_metric_families(server.metrics_text()):
         for sample in family.samples:
+            if sample.name.startswith(PROCESS_METRICS):
+                continue
             labels = tuple(sorted(sample.labels.items()))
             values[(sample.name, labels)] = (family.type, sample.value)
     return values
