@@ -91,6 +91,9 @@ CPU_SHAPES = {
 }
 # A noisy copy of the target drafts: accepted often, not always (real rejections).
 DRAFT = dict(num_layers=3, draft_layers=3, draft_noise=0.08)
+# Prefix caching (vLLM's default) and without it: a case name's suffix, engine keys, why's tail.
+CACHING = (("", {}, ""),
+           ("_no_prefix_caching", dict(enable_prefix_caching=False), "; prefix caching off"))
 # Llama-3-8B's attention (32 query heads, 8 KV heads of 128) in 4 layers, random weights.
 MODEL_8B = dict(hidden_size=4096, num_heads=32, num_kv_heads=8, num_layers=4, draft_layers=1,
                 draft_noise=0.08)
@@ -123,20 +126,18 @@ def cases(on_cuda: bool) -> list[Case]:
     if on_cuda:
         rows += cases_8b()
     # Under load: KV pressure that preempts again and again, prefix caching on and off.
-    for method, k in (("ngram", 3), ("draft_model", 3)):
-        for caching in (True, False):
+    for method in ("ngram", "draft_model"):
+        for suffix, off, why in CACHING:
             rows.append(Case(
-                f"pressure_{method}" + ("" if caching else "_no_prefix_caching"), method=method,
-                k=k, model=model, preempt=True, kv_tokens=1024, workload="pressure",
+                f"pressure_{method}{suffix}", method=method, model=model, preempt=True,
+                kv_tokens=1024, workload="pressure",
                 # On the CPU, vLLM's GPU block size, so that the 64-token prefix is cached.
-                engine=({} if on_cuda else dict(block_size=16))
-                | ({} if caching else dict(enable_prefix_caching=False)),
+                engine=({} if on_cuda else dict(block_size=16)) | off,
                 why="a KV cache of 1,024 tokens for 24 requests of 240-340 tokens: preempted "
-                "again and again" + ("" if caching else "; prefix caching off")))
+                "again and again" + why))
     if on_cuda:  # EAGLE-3 on vLLM's V2 runner (its default for dense models on a GPU)
         eagle3 = {"bigram_eagle3": True, **GPU_SHAPES["hd64_gqa2"]}
-        for suffix, off in (("", {}), ("_no_prefix_caching", dict(enable_prefix_caching=False))):
-            why = "" if not off else "; prefix caching off"
+        for suffix, off, why in CACHING:
             rows.append(Case(
                 f"pressure_eagle3{suffix}", method="eagle3", model=eagle3, preempt=True,
                 kv_tokens=1024, workload="pressure", engine=off,
@@ -164,16 +165,13 @@ def cases(on_cuda: bool) -> list[Case]:
                       why="tensor_parallel_size=2 on two GPUs, custom all-reduce on; the audit "
                       "and the step record run in every worker of both engines")
                  for method in ("draft_model", "ngram")]
-        rows += [Case(f"tp2_long_prompts_{method}" + ("" if caching else "_no_prefix_caching"),
-                      method=method, k=4, model=model, tensor_parallel_size=2,
-                      workload="long_prompts",
+        rows += [Case(f"tp2_long_prompts_{method}{suffix}", method=method, k=4, model=model,
+                      tensor_parallel_size=2, workload="long_prompts",
                       engine=dict(max_model_len=1024, max_num_seqs=16,
-                                  max_num_batched_tokens=256,
-                                  **({} if caching else dict(enable_prefix_caching=False))),
+                                  max_num_batched_tokens=256, **off),
                       why="tensor_parallel_size=2, prompts of 300-700 tokens over a 256-token "
-                      "budget: prefilled in chunks beside verify steps"
-                      + ("" if caching else "; prefix caching off"))
-                 for method in ("ngram", "draft_model") for caching in (True, False)]
+                      "budget: prefilled in chunks beside verify steps" + why)
+                 for method in ("ngram", "draft_model") for suffix, off, why in CACHING]
         rows += [
             Case("async_scheduling_on", model=model, engine=dict(async_scheduling=True),
                  audit=False, why="async scheduling on (vLLM's default is off for draft_model;"
@@ -196,15 +194,12 @@ def cases_8b() -> list[Case]:
     arrived by then, so two engines' batches differ with the plugin off too (the ``aa_*``
     rows measure it). ``*_fresh_compile``: each engine compiles on its own, into caches of its
     own, with the plugin off on both sides."""
-    no_caching = dict(enable_prefix_caching=False)
     pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=6144, workload="pressure_long")
     pressure_engine = dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384)
     tp = dict(k=4, model=MODEL_8B, tensor_parallel_size=2, workload="long_prompts_wide")
     tp_engine = dict(max_model_len=None, max_num_seqs=32, max_num_batched_tokens=1024)
     rows = []
-    for suffix, caching in (("", True), ("_no_prefix_caching", False)):
-        off = {} if caching else no_caching
-        why = "" if caching else "; prefix caching off"
+    for suffix, off, why in CACHING:
         for method in ("ngram", "draft_model"):
             rows.append(Case(f"pressure_8b_{method}{suffix}_in_process", method=method,
                              engine={**pressure_engine, **off}, **pressure,
@@ -628,15 +623,16 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             # vLLM's CPU workers, one core each (its automatic binding wants a NUMA node each).
             cpus = sorted(os.sched_getaffinity(0))
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, cpus[:2])))
-        if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
+        def load_plugin(pythonpath: str) -> None:  # a test-only vLLM plugin, in every process
             env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (soak_audit.install(Path(tmp) / "site"), env.get("PYTHONPATH")) if p)
+                p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+
+        if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
+            load_plugin(soak_audit.install(Path(tmp) / "site"))
             env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
             (Path(tmp) / "audit").mkdir()
         if spec.get("trace"):  # the per-step trace, in the engine core and rank 0's worker
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (engine_trace.install(Path(tmp) / "trace-site"), env.get("PYTHONPATH"))
-                if p)
+            load_plugin(engine_trace.install(Path(tmp) / "trace-site"))
             env[engine_trace.ENV_DIR] = spec["trace"]
             Path(spec["trace"]).mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
@@ -807,17 +803,15 @@ def model_paths(model: dict, root: Path) -> tuple[str, str]:
 
     if model.get("shipped"):  # the checkout's models/, also where the package is installed apart
         return shipped_pair(HERE.parent / "models")
+    where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
+    shape = {k: v for k, v in model.items() if k != "bigram_eagle3"}
+    draft = "eagle3" if model.get("bigram_eagle3") else "draft"  # an EAGLE-3 head, or a model
+    if (where / draft / "config.json").exists():
+        return str(where / "target"), str(where / draft)
     if model.get("bigram_eagle3"):  # a target and an EAGLE-3 head that is right now and then
         from vllm_nwor.testing import write_bigram_eagle_pair
 
-        shape = {k: v for k, v in model.items() if k != "bigram_eagle3"}
-        where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
-        if (where / "eagle3" / "config.json").exists():
-            return str(where / "target"), str(where / "eagle3")
         return write_bigram_eagle_pair(where, eagle3=True, **shape)
-    where = root / "-".join(f"{k}{v}" for k, v in sorted(model.items()))
-    if (where / "draft" / "config.json").exists():
-        return str(where / "target"), str(where / "draft")
     return write_tiny_llama_pair(where, **model)
 
 
