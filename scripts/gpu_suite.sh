@@ -5,6 +5,7 @@
 #   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
 #   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
+#   scripts/gpu_suite.sh capacity ARGS        benchmarks/capacity.py, $OUT/capacity.jsonl
 #   scripts/gpu_suite.sh nwor_layer_host ARGS  benchmarks/tools/nwor_layer_host.py (NWOR_SRC=<dir>:
 #                                              the plugin's code from <dir>/src, another version)
 #   scripts/gpu_suite.sh nwor_layer_gpu ARGS   benchmarks/tools/nwor_layer_gpu.py (NWOR_SRC as above)
@@ -48,11 +49,11 @@ case "$what" in
   equivalence)
     python3 benchmarks/equivalence.py --out "$out/$name.json" --trace "$out/trace-$name" "$@" \
       2>&1 | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG|WARNING|\[)" ;;
-  nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
+  nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
     script="benchmarks/$what.py"
     [ -e "$script" ] || script="benchmarks/tools/$what.py"  # the diagnostics
     python3 "$script" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|equivalence|nwor_overhead|scv_bench|draft_window_bench|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|equivalence|nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
 esac

@@ -19,8 +19,8 @@ from vllm_nwor.telemetry.spec_decode import combine_rank_counters
 
 __all__ = [
     "ScvState", "disable_lazy_draft_sync", "get_counters", "interceptor_of", "layer_binding",
-    "lazy_draft_sync", "runner_counters", "scheduler_of", "scv_policy", "scv_state",
-    "scv_step_clock",
+    "lazy_draft_sync", "reserved_kv_blocks", "runner_counters", "scheduler_of", "scv_policy",
+    "scv_state", "scv_step_clock",
 ]
 
 
@@ -34,6 +34,15 @@ def get_counters(llm: Any) -> NworCounters | None:
     """
     combined = combine_rank_counters(llm.collective_rpc("nwor_counters"))
     return None if combined is None else NworCounters(**combined)
+
+
+def reserved_kv_blocks(llm: Any) -> int:
+    """KV blocks NWOR keeps from the scheduler of a ``vllm.LLM`` for verify attention's scratch
+    blocks (0 where NWOR is off or has none: off CUDA). vLLM's ``cache_config.num_gpu_blocks``
+    is what the scheduler hands out; the workers' caches hold this many more."""
+    from vllm_nwor.patches.nwor.engine_core import reserved_blocks
+
+    return reserved_blocks(llm.llm_engine.vllm_config)
 
 
 def interceptor_of(model_runner: Any) -> Any:

@@ -1,0 +1,155 @@
+"""NWOR's KV capacity cost on the GPU: the blocks it keeps from the scheduler, and the
+preemptions that costs under a saturating load, NWOR off against on at the same
+``gpu_memory_utilization``.
+
+Each engine runs in a fresh process, one after the other (off, on, then off again with
+``--aa``: what two plugin-off runs differ by), with vLLM's defaults but for the speculative
+config (``ngram``, k = 3, NWOR on or off) and ``--memory``. The model is Llama-3-8B-shaped,
+32 layers, random weights (``load_format="dummy"``). The load: ``--requests`` greedy requests
+of ``--prompt-len`` tokens and ``--output-len`` output tokens, all submitted at once, far more
+tokens than the KV cache holds, so the scheduler runs as many as fit and preempts when decode
+steps need blocks it no longer has. Per engine: the KV blocks vLLM sized, those NWOR kept for
+its scratch blocks and their share, the scheduler's blocks, vLLM's preemption counter, the
+generated tokens and the wall time of ``LLM.generate``.
+
+    python benchmarks/capacity.py --jsonl $OUT/capacity.jsonl [--aa]     # on the GPU
+    python benchmarks/capacity.py --merge $OUT/capacity.jsonl --result <json>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from harness.engines import prompts, write_models  # noqa: E402
+from harness.results import (  # noqa: E402
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+    write_json,
+)
+
+K = 3
+
+
+def engine_kwargs(target: str, nwor: bool, memory: float | None) -> dict:
+    speculative = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
+                   "prompt_lookup_min": 2}
+    if nwor:
+        speculative["nwor"] = True
+    kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True,
+                  disable_log_stats=False, seed=0, speculative_config=speculative)
+    if memory is not None:
+        kwargs["gpu_memory_utilization"] = memory
+    return kwargs
+
+
+def run_engine(spec: dict) -> dict:
+    """One engine in this process: start, read its KV blocks, run the load."""
+    from vllm import LLM, SamplingParams
+
+    import vllm_nwor.inspect as inspect
+
+    llm = LLM(**engine_kwargs(spec["target"], spec["nwor"], spec["memory"]))
+    config = llm.llm_engine.vllm_config
+    scheduler_blocks = config.cache_config.num_gpu_blocks
+    reserved = inspect.reserved_kv_blocks(llm)
+    batch = prompts(spec["requests"], seed=1, length=spec["prompt_len"])
+    params = SamplingParams(temperature=0.0, max_tokens=spec["output_len"], ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    metrics = {m.name: m for m in llm.get_metrics()}
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {
+        "nwor": spec["nwor"],
+        "kv_blocks": scheduler_blocks + reserved,
+        "nwor_reserved_blocks": reserved,
+        "reserved_share": reserved / (scheduler_blocks + reserved),
+        "scheduler_blocks": scheduler_blocks,
+        "block_size": config.cache_config.block_size,
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+        "enable_prefix_caching": bool(config.cache_config.enable_prefix_caching),
+        "preemptions": int(metrics["vllm:num_preemptions"].value),
+        "drafted": int(metrics["vllm:spec_decode_num_draft_tokens"].value),
+        "accepted": int(metrics["vllm:spec_decode_num_accepted_tokens"].value),
+        "generated_tokens": generated,
+        "wall_s": wall,
+        "output_tokens_per_s": generated / wall,
+    }
+
+
+def probe(spec: dict) -> dict:
+    """:func:`run_engine` in a fresh process (engines on one GPU start one at a time)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"engine (nwor={spec['nwor']}) failed:\n{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def main(args) -> None:
+    root = Path(tempfile.mkdtemp(prefix="capacity-"))
+    target, _ = write_models(root)
+    spec = dict(target=target, memory=args.memory, requests=args.requests,
+                prompt_len=args.prompt_len, output_len=args.output_len)
+    order = [False, True] + ([False] if args.aa else [])
+    runs = []
+    for i, nwor in enumerate(order):
+        run = probe({**spec, "nwor": nwor}) | {"order": i}
+        print(json.dumps(run), flush=True)
+        runs.append(run)
+        append_jsonl(args.jsonl, {"run": run, "workload": {**spec, "k": K, "method": "ngram"}})
+
+
+def merge(jsonl: Path, result: Path) -> None:
+    records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    runs = [r["run"] for r in records]
+    off = [r for r in runs if not r["nwor"]]
+    on = [r for r in runs if r["nwor"]]
+    if not off or not on:
+        raise SystemExit(f"{jsonl}: needs runs with NWOR off and on")
+    summary = {
+        "nwor_reserved_blocks": on[0]["nwor_reserved_blocks"],
+        "kv_blocks": on[0]["kv_blocks"],
+        "reserved_share": on[0]["reserved_share"],
+        "preemptions_off": [r["preemptions"] for r in off],
+        "preemptions_on": [r["preemptions"] for r in on],
+        "preemptions_per_request_on_over_off": (
+            on[0]["preemptions"] / off[0]["preemptions"] if off[0]["preemptions"] else None),
+    }
+    write_json(result, {**recorded_environment(jsonl), "workload": records[0]["workload"],
+                        "model": "Llama-3-8B shape (32 layers), dummy weights, bf16",
+                        "summary": summary, "runs": runs})
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--memory", type=float, default=None,
+                   help="gpu_memory_utilization for every engine (default: vLLM's)")
+    p.add_argument("--requests", type=int, default=1536)
+    p.add_argument("--prompt-len", type=int, default=1000)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--aa", action="store_true", help="a second NWOR-off engine after the pair")
+    p.add_argument("--probe", nargs=2, metavar=("SPEC_JSON", "OUT_JSON"), help="one engine")
+    return p
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--probe"]:
+        Path(sys.argv[3]).write_text(json.dumps(run_engine(json.loads(sys.argv[2]))))
+    elif (args := parse_or_merge(parser(), merge)) is not None:
+        main(args)
