@@ -2,8 +2,8 @@
 preemptions that costs under a saturating load, NWOR off against on at the same
 ``gpu_memory_utilization``.
 
-Each engine runs in a fresh process, one after the other (off, on, then off again with
-``--aa``: what two plugin-off runs differ by), with vLLM's defaults but for the speculative
+Each engine runs in a fresh process, one after the other (``--order``: off, on, then off again,
+what two plugin-off runs differ by), with vLLM's defaults but for the speculative
 config (``ngram``, k = 3, NWOR on or off) and ``--memory``. The model is Llama-3-8B-shaped,
 32 layers, random weights (``load_format="dummy"``). The load: ``--requests`` greedy requests
 of ``--prompt-len`` tokens and ``--output-len`` output tokens, all submitted at once, far more
@@ -12,7 +12,7 @@ steps need blocks it no longer has. Per engine: the KV blocks vLLM sized, those 
 its scratch blocks and their share, the scheduler's blocks, vLLM's preemption counter, the
 generated tokens and the wall time of ``LLM.generate``.
 
-    python benchmarks/capacity.py --jsonl $OUT/capacity.jsonl [--aa]     # on the GPU
+    python benchmarks/capacity.py --jsonl $OUT/capacity.jsonl     # on the GPU
     python benchmarks/capacity.py --merge $OUT/capacity.jsonl --result <json>
 """
 
@@ -71,6 +71,7 @@ def run_engine(spec: dict) -> dict:
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {
         "nwor": spec["nwor"],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "kv_blocks": scheduler_blocks + reserved,
         "nwor_reserved_blocks": reserved,
         "reserved_share": reserved / (scheduler_blocks + reserved),
@@ -106,7 +107,7 @@ def main(args) -> None:
     target, _ = write_models(root)
     spec = dict(target=target, memory=args.memory, requests=args.requests,
                 prompt_len=args.prompt_len, output_len=args.output_len)
-    order = [False, True] + ([False] if args.aa else [])
+    order = [side == "on" for side in args.order.split(",")]
     runs = []
     for i, nwor in enumerate(order):
         run = probe({**spec, "nwor": nwor}) | {"order": i}
@@ -115,7 +116,7 @@ def main(args) -> None:
         append_jsonl(args.jsonl, {"run": run, "workload": {**spec, "k": K, "method": "ngram"}})
 
 
-def merge(jsonl: Path, result: Path) -> None:
+def merge(jsonl: Path, result: Path, note: str | None = None) -> None:
     records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     runs = [r["run"] for r in records]
     off = [r for r in runs if not r["nwor"]]
@@ -128,12 +129,13 @@ def merge(jsonl: Path, result: Path) -> None:
         "reserved_share": on[0]["reserved_share"],
         "preemptions_off": [r["preemptions"] for r in off],
         "preemptions_on": [r["preemptions"] for r in on],
-        "preemptions_per_request_on_over_off": (
+        "preemptions_on_over_off": (
             on[0]["preemptions"] / off[0]["preemptions"] if off[0]["preemptions"] else None),
     }
-    write_json(result, {**recorded_environment(jsonl), "workload": records[0]["workload"],
+    workload = {k: v for k, v in records[0]["workload"].items() if k != "target"}
+    write_json(result, {**recorded_environment(jsonl), "workload": workload,
                         "model": "Llama-3-8B shape (32 layers), dummy weights, bf16",
-                        "summary": summary, "runs": runs})
+                        **({"note": note} if note else {}), "summary": summary, "runs": runs})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -142,14 +144,22 @@ def parser() -> argparse.ArgumentParser:
                    help="gpu_memory_utilization for every engine (default: vLLM's)")
     p.add_argument("--requests", type=int, default=1536)
     p.add_argument("--prompt-len", type=int, default=1000)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--aa", action="store_true", help="a second NWOR-off engine after the pair")
+    p.add_argument("--output-len", type=int, default=1024)
+    p.add_argument("--order", default="off,on,off",
+                   help="the engines, one after the other: off / on, comma-separated (a second "
+                   "off is the A/A control; one side alone to run the two sides on two GPUs)")
+    p.add_argument("--note", help="with --merge: how the run was placed (recorded)")
     p.add_argument("--probe", nargs=2, metavar=("SPEC_JSON", "OUT_JSON"), help="one engine")
     return p
+
+
+def args_note() -> str | None:
+    """``--note TEXT`` with ``--merge``: how the run was placed, recorded in the result."""
+    return sys.argv[sys.argv.index("--note") + 1] if "--note" in sys.argv else None
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--probe"]:
         Path(sys.argv[3]).write_text(json.dumps(run_engine(json.loads(sys.argv[2]))))
-    elif (args := parse_or_merge(parser(), merge)) is not None:
+    elif (args := parse_or_merge(parser(), lambda j, r: merge(j, r, args_note()))) is not None:
         main(args)

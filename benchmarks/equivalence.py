@@ -537,7 +537,7 @@ def run_engine(spec: dict) -> dict:
     }
     if runner is not None:
         settings |= {
-            "async_scheduling": bool(runner.use_async_scheduling),
+            "async_scheduling": bool(config.scheduler_config.async_scheduling),
             "cudagraph_mode": str(runner.compilation_config.cudagraph_mode),
             "attention": type(attention_layers(runner.get_model())[0].impl).__name__,
         }
