@@ -75,6 +75,7 @@ class Case:
     workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
     engine_process: bool = False  # the engine core in a process of its own (LLM's default)
     fresh_compile: bool = False  # each engine compiles anew, into caches of its own
+    cold_cache: bool = False  # the pair shares compile caches that start empty: off compiles
     tensor_parallel_size: int = 1  # > 1: the runner in worker processes, audited there
 
 
@@ -193,7 +194,10 @@ def cases_8b() -> list[Case]:
     own process, as ``LLM`` does by default: its first step takes the requests that have
     arrived by then, so two engines' batches differ with the plugin off too (the ``aa_*``
     rows measure it). ``*_fresh_compile``: each engine compiles on its own, into caches of its
-    own, with the plugin off on both sides."""
+    own, with the plugin off on both sides; ``*_cold_cache``: the first engine compiles into
+    empty caches and the second loads what it wrote (vLLM's compile cache leaves the prefix
+    caching setting out of its key, so a case pair with prefix caching on and one with it off
+    may meet either)."""
     pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=6144, workload="pressure_long")
     pressure_engine = dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384)
     tp = dict(k=4, model=MODEL_8B, tensor_parallel_size=2, workload="long_prompts_wide")
@@ -226,6 +230,10 @@ def cases_8b() -> list[Case]:
         Case("aa_tp2_wide_prompts_8b_ngram", method="ngram", engine_process=True,
              engine=tp_engine, nwor_both=True, **tp,
              why="A/A: NWOR off twice, tensor_parallel_size=2"),
+        Case("aa_tp2_wide_prompts_8b_ngram_cold_cache", method="ngram", engine=tp_engine,
+             nwor_both=True, cold_cache=True, **tp,
+             why="A/A: NWOR off twice, the engine core in this process; the first engine "
+             "compiles into empty caches, the second loads what it wrote"),
         Case("aa_tp2_wide_prompts_8b_ngram_fresh_compile", method="ngram", engine=tp_engine,
              nwor_both=True, fresh_compile=True, **tp,
              why="A/A: NWOR off twice, the engine core in this process, each engine compiling "
@@ -471,6 +479,11 @@ def run_engine(spec: dict) -> dict:
         os.environ.update(VLLM_DISABLE_COMPILE_CACHE="1", VLLM_CACHE_ROOT=str(fresh / "vllm"),
                           TORCHINDUCTOR_CACHE_DIR=str(fresh / "inductor"),
                           TRITON_CACHE_DIR=str(fresh / "triton"))
+    if spec.get("cache_dir"):  # the pair's own caches, empty before its first engine
+        cache = Path(spec["cache_dir"])
+        os.environ.update(VLLM_CACHE_ROOT=str(cache / "vllm"),
+                          TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+                          TRITON_CACHE_DIR=str(cache / "triton"))
     import gc
 
     from cache_audit import (
@@ -635,8 +648,15 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             load_plugin(engine_trace.install(Path(tmp) / "trace-site"))
             env[engine_trace.ENV_DIR] = spec["trace"]
             Path(spec["trace"]).mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec),
+                                   str(out)], capture_output=True, text=True, timeout=timeout,
+                                  env=env)
+        except subprocess.TimeoutExpired as hung:  # what it printed before it was killed
+            stderr = hung.stderr.decode(errors="replace") if isinstance(hung.stderr, bytes) \
+                else (hung.stderr or "")
+            raise RuntimeError(f"probe timed out after {timeout} s ({spec['case']['name']}, "
+                               f"nwor={spec['nwor']}):\n{stderr[-4000:]}") from None
         if proc.returncode != 0:
             raise RuntimeError(f"probe failed ({spec['case']['name']}, nwor={spec['nwor']}):\n"
                                f"{proc.stderr[-4000:]}")
@@ -763,6 +783,8 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
     its per-step trace under ``trace/<case>/{off,on}`` (tests/common/engine_trace.py), and the row
     names the first step at which they part."""
     spec = {"case": asdict(case), "paths": list(paths), "on_cuda": on_cuda}
+    if case.cold_cache:  # the first engine compiles into it, the second loads what it wrote
+        spec["cache_dir"] = tempfile.mkdtemp(prefix="cold-cache-")
     dirs = {side: str(Path(trace) / case.name / side) for side in ("off", "on")} if trace else {}
     off = run({**spec, "nwor": False, "trace": dirs.get("off")})
     on = run({**spec, "nwor": not case.nwor_both, "trace": dirs.get("on")})
