@@ -24,28 +24,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (issue 63, next): the 8B-attention cases with the engine core in this process (the
-# exactness claim: same batches on both sides), EAGLE-3 on the V2 runner under KV pressure and at
-# TP 2, the TP 2 cases again with the plugin's keys out of vLLM's compile hash (f129fe2), and
-# NWOR's KV capacity cost (benchmarks/capacity.py: 32-layer 8B shape at vLLM's defaults, a
-# saturating load, off / on / off). Every equivalence case traced
-# (tests/common/engine_trace.py), so one that parts names its first differing step. Earlier
-# plans and what they found: benchmarks/results/equivalence_gpu_load_2026-11-28_h200x2.json.
-stream0() {
-  step p8b_ngram equivalence --models /tmp/m0 --cases \
-    pressure_8b_ngram_in_process,pressure_8b_ngram_no_prefix_caching_in_process
-  step p_e3 equivalence --models /tmp/m0 --cases pressure_eagle3,pressure_eagle3_no_prefix_caching
-}
-stream1() {
-  step capacity capacity --aa
-  step p_dm equivalence --models /tmp/m1 --cases pressure_draft_model,pressure_draft_model_no_prefix_caching
-}
+# The plan (issue 63, next): at TP 2, does an engine that compiles run other kernels than one
+# that loads them from vLLM's cache? An A/A with a cold cache (NWOR off twice: the first
+# compiles, the second loads), then the 8B TP 2 pairs again once the default cache is warm
+# (both engines load), draft_model beside ngram; and EAGLE-3 at TP 2, which hung last time (its
+# probe now reports what it printed when it times out). Earlier plans and what they found:
+# benchmarks/results/equivalence_gpu_load*_2026-11-28_h200x2.json.
 after() {
-  step tp2_8b equivalence --models /tmp/m0 --cases \
-    tp2_wide_prompts_8b_ngram_in_process,tp2_wide_prompts_8b_ngram_no_prefix_caching_in_process
+  step tp2_cold equivalence --models /tmp/m0 --cases aa_tp2_wide_prompts_8b_ngram_cold_cache
+  step tp2_warm equivalence --models /tmp/m0 --cases \
+    tp2_wide_prompts_8b_ngram_no_prefix_caching_in_process,tp2_wide_prompts_8b_ngram_in_process,tp2_wide_prompts_8b_draft_model_in_process
   step tp2_e3 equivalence --models /tmp/m0 --cases tp2_long_prompts_eagle3,tp2_long_prompts_eagle3_no_prefix_caching
-  step tp2_8b_dm equivalence --models /tmp/m0 --cases tp2_wide_prompts_8b_draft_model_in_process
-  step tp2_aa equivalence --models /tmp/m0 --cases aa_tp2_wide_prompts_8b_ngram_fresh_compile
 }
 
 gpus=$(nvidia-smi -L | wc -l)
