@@ -132,8 +132,9 @@ def cases(on_cuda: bool) -> list[Case]:
             rows.append(Case(
                 f"pressure_{method}{suffix}", method=method, model=model, preempt=True,
                 kv_tokens=1024, workload="pressure",
-                # On the CPU, vLLM's GPU block size, so that the 64-token prefix is cached.
-                engine=({} if on_cuda else dict(block_size=16)) | off,
+                # On the CPU, the CPU backend's smallest block size (32), so that the 64-token
+                # prefix is cached.
+                engine=({} if on_cuda else dict(block_size=32)) | off,
                 why="a KV cache of 1,024 tokens for 24 requests of 240-340 tokens: preempted "
                 "again and again" + why))
     if on_cuda:  # EAGLE-3 on vLLM's V2 runner (its default for dense models on a GPU)
@@ -154,9 +155,9 @@ def cases(on_cuda: bool) -> list[Case]:
     if not on_cuda:  # vLLM's CPU engine at TP 2: two worker processes, one core each
         rows.append(Case(
             "tp2_long_prompts_draft_model", model=model, tensor_parallel_size=2,
-            workload="long_prompts_small", engine=dict(block_size=16, max_model_len=1024),
+            workload="long_prompts_small", engine=dict(block_size=32, max_model_len=1024),
             why="tensor_parallel_size=2, 12 prompts of 150-400 tokens over the 128-token budget: "
-            "prefilled in chunks beside verify steps; block size 16 for prefix-cache hits"))
+            "prefilled in chunks beside verify steps; block size 32 for prefix-cache hits"))
     rows.append(Case("structured_output", model={"shipped": True}, structured=True,
                      engine=dict(max_model_len=256),
                      why="the shipped pair: a tokenizer (for grammars and stop strings) and a "

@@ -167,7 +167,7 @@ def vllm_acceptance(target: str, draft: str, prompts: list[str], max_model_len: 
 
     import vllm_nwor
 
-    llm = LLM(model=target, dtype="float32", max_model_len=max_model_len, block_size=16,
+    llm = LLM(model=target, dtype="float32", max_model_len=max_model_len, block_size=32,
               max_num_seqs=4,
               enforce_eager=True, gpu_memory_utilization=0.3, disable_log_stats=False, seed=0,
               speculative_config={"method": "draft_model", "model": draft,

@@ -31,7 +31,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from harness.results import environment, write_result  # noqa: E402
 from vllm_nwor.testing import write_tiny_llama_pair  # noqa: E402
 
-ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
+ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=32,
               max_num_seqs=8, max_num_batched_tokens=128, enforce_eager=True,
               gpu_memory_utilization=0.3, disable_log_stats=False, enable_prefix_caching=False)
 NGRAM = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1,

@@ -32,7 +32,7 @@ def run(target: str, draft: str, nwor: bool) -> dict:
         speculative["nwor"] = True
     llm = LLM(
         model=target, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
-        block_size=16, max_num_seqs=4, max_num_batched_tokens=64, enforce_eager=True,
+        block_size=32, max_num_seqs=4, max_num_batched_tokens=64, enforce_eager=True,
         gpu_memory_utilization=0.3, disable_log_stats=False, speculative_config=speculative,
     )
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)

@@ -106,7 +106,7 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
     speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": K,
                    **plugin_keys}
     # max_model_len defaults to the pair's context, 256 tokens (bytes).
-    llm = LLM(model=target, dtype="float32", block_size=16, max_num_seqs=8,
+    llm = LLM(model=target, dtype="float32", block_size=32, max_num_seqs=8,
               max_num_batched_tokens=256, enforce_eager=True, gpu_memory_utilization=0.3,
               disable_log_stats=False, seed=0, speculative_config=speculative)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)

@@ -37,7 +37,7 @@ engine process takes it out and sets ``max_tokens``); ``OUTPUT_LEN`` without it.
 
 # The CPU benchmarks' engine (scv_cpu.py, tools/interleave_aa_cpu.py): a tiny model in fp32,
 # eager, every batch in one step's token budget; add model, speculative_config and max_num_seqs.
-CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=16,
+CPU_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=32,
                   max_num_batched_tokens=2048, enforce_eager=True, gpu_memory_utilization=0.3,
                   disable_log_stats=False, enable_prefix_caching=False, seed=0)
 

@@ -13,7 +13,7 @@ from vllm_nwor._logging import get_logger
 
 logger = get_logger(__name__)
 
-SUPPORTED_VLLM_VERSION = "0.26.0"
+SUPPORTED_VLLM_VERSION = "0.32.0"
 SKIP_VERSION_CHECK_ENV = "VLLM_NWOR_SKIP_VERSION_CHECK"
 
 

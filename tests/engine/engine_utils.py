@@ -47,7 +47,7 @@ def engine_options(target: str, speculative_config: dict | None, **kwargs: Any) 
         skip_tokenizer_init=True,
         dtype="float32",
         max_model_len=512,
-        block_size=16,
+        block_size=32,
         max_num_seqs=4,
         max_num_batched_tokens=64,
         enforce_eager=True,

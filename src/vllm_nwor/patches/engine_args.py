@@ -102,6 +102,16 @@ def check_engine_config(vllm_config: Any, config: NworConfig) -> None:
             "VLLM_USE_V2_MODEL_RUNNER=0 (on the V1 runner: ngram, draft_model, eagle, eagle3, "
             "mtp), or leave them out on the V2 runner"
         )
+    # vLLM's adaptive verification (V2) trims each request's drafts on the GPU after the host
+    # has planned the step: it and SCV would both choose verify lengths, and NWOR would stage
+    # rows by the host's plan.
+    adaptive = [k for k in ("nwor", "scv") if k in given]
+    if getattr(speculative, "enable_adaptive_verification", False) and adaptive:
+        raise NworConfigError(
+            f"{', '.join(f'{k!r}: {given[k]!r}' for k in adaptive)} cannot be combined with "
+            "'enable_adaptive_verification': true (vLLM's own choice of verify lengths); "
+            "allowed: one of them"
+        )
     k = speculative.num_speculative_tokens
     if config.scv_chunk_size is not None and config.scv_chunk_size > k:
         raise NworConfigError(
@@ -212,13 +222,13 @@ def _wrap_compute_hash(compute_hash):
     the plugin on compiles to, and loads, the same artifacts as one with it off: the same
     kernels. Two separate compiles can choose different Inductor kernels, whose rounding
     differs (``tp2_wide_prompts_8b_ngram`` in docs/equivalence.md)."""
-    def wrapper(self):
+    def wrapper(self, *args, **kwargs):
         additional = self.additional_config
         if not isinstance(additional, dict) or not any(k in additional for k in PLUGIN_KEYS):
-            return compute_hash(self)
+            return compute_hash(self, *args, **kwargs)
         self.additional_config = {k: v for k, v in additional.items() if k not in PLUGIN_KEYS}
         try:
-            return compute_hash(self)
+            return compute_hash(self, *args, **kwargs)
         finally:
             self.additional_config = additional
 

@@ -56,7 +56,7 @@ class CpuAttnBackend:
     def layer_state(self, layer) -> PagedKVLayout:
         impl, cache = layer.impl, layer.kv_cache
         _, num_kv_heads, block_size, _ = cache.shape
-        key = (impl.isa, cache.dtype, block_size, num_kv_heads, impl.head_size)
+        key = (layer.isa, cache.dtype, block_size, num_kv_heads, impl.head_size)
         if key not in self._layouts:
 
             def write(k, v, block, slots):

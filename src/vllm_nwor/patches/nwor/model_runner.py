@@ -140,8 +140,8 @@ def _check_one_kv_cache_group(runner: GPUModelRunner, layers: list[Attention]) -
 
 
 def _wrap_initialize_kv_cache(initialize_kv_cache):
-    def wrapper(self, kv_cache_config, is_profiling: bool = False):
-        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling)
+    def wrapper(self, kv_cache_config, is_profiling: bool = False, **kwargs):
+        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling, **kwargs)
         ngram_gpu.configure(self)
         bind(self, profiling=is_profiling)
 
@@ -161,9 +161,8 @@ def begin_verify_step(interceptor: NworInterceptor, num_draft_tokens, query_star
 
 def _wrap_prepare_inputs(prepare_inputs):
     def wrapper(self, scheduler_output, num_scheduled_tokens):
-        logits_indices, spec_decode_metadata = prepare_inputs(
-            self, scheduler_output, num_scheduled_tokens
-        )
+        prepared = prepare_inputs(self, scheduler_output, num_scheduled_tokens)
+        spec_decode_metadata = prepared[1]  # (logits_indices, spec_decode_metadata, max sampled)
         interceptor = interceptor_of(self)
         if interceptor is not None:
             num_reqs = self.input_batch.num_reqs
@@ -171,7 +170,7 @@ def _wrap_prepare_inputs(prepare_inputs):
                 spec_decode_metadata.num_draft_tokens
             begin_verify_step(interceptor, drafts, self.query_start_loc.np[: num_reqs + 1],
                               self.device, num_scheduled_tokens)
-        return logits_indices, spec_decode_metadata
+        return prepared
 
     return wrapper
 

@@ -40,20 +40,20 @@ PLACEHOLDER = -1  # what the commit's verdict reads as "no token here" (V1's pad
 
 
 def _wrap_initialize_kv_cache(initialize_kv_cache):
-    def wrapper(self, kv_cache_config):
-        initialize_kv_cache(self, kv_cache_config)
+    def wrapper(self, kv_cache_config, is_profiling: bool = False, **kwargs):
+        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling, **kwargs)
         if getattr(self, "pcp_manager", None) is not None:
             raise NworConfigError(
                 "'nwor': true does not support prefill context parallelism on the V2 model "
                 "runner; allowed: prefill_context_parallel_size=1")
-        bind(self)
+        bind(self, profiling=is_profiling)  # the profiling pass's cache is thrown away
 
     return wrapper
 
 
 def _wrap_prepare_inputs(prepare_inputs):
-    def wrapper(self, scheduler_output, batch_desc):
-        input_batch = prepare_inputs(self, scheduler_output, batch_desc)
+    def wrapper(self, scheduler_output, *args, **kwargs):
+        input_batch = prepare_inputs(self, scheduler_output, *args, **kwargs)
         interceptor = interceptor_of(self)
         if interceptor is not None:
             begin_verify_step(interceptor, input_batch.num_draft_tokens_per_req,

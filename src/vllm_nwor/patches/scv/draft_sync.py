@@ -181,8 +181,7 @@ class LazyDraftSync:
             query_start_loc=to_device(query_start, torch.int32),
             query_start_loc_cpu=torch.from_numpy(query_start),
             seq_lens=to_device(ends, torch.int32),
-            _seq_lens_cpu=torch.from_numpy(ends.astype(np.int32)),
-            _num_computed_tokens_cpu=torch.from_numpy(starts.astype(np.int32)),
+            seq_lens_cpu_upper_bound=torch.from_numpy(ends.astype(np.int32)),
             num_reqs=len(pieces),
             num_actual_tokens=num_tokens,
             max_query_len=int(lengths.max()),
@@ -228,7 +227,7 @@ def _state(runner: GPUModelRunner) -> LazyDraftSync | None:
             and parallel.decode_context_parallel_size == 1
             and parallel.pipeline_parallel_size == 1
             # The catch-up feeds the target's token ids and 1-D positions to the draft as is.
-            and not runner.uses_mrope and not runner.uses_xdrope_dim
+            and not runner.uses_mrope
             and not getattr(runner.drafter, "supports_mm_inputs", False)
             and not getattr(runner.drafter, "use_heterogeneous_vocab", False)
         )

@@ -101,11 +101,9 @@ class NworCompletionOutput(CompletionOutput):
     @classmethod
     def of(cls, output: CompletionOutput, metrics: RequestSpecDecodeMetrics):
         values = {f.name: getattr(output, f.name) for f in fields(CompletionOutput)}
-        return cls(
-            **values,
-            acceptance_lengths=metrics.acceptance_lengths,
-            spec_decode_metrics=metrics.copy(),
-        )
+        # vLLM 0.32 has the field itself (--per-request-spec-decode-metrics): its own wins.
+        values["spec_decode_metrics"] = values.get("spec_decode_metrics") or metrics.copy()
+        return cls(**values, acceptance_lengths=metrics.acceptance_lengths)
 
     def __repr__(self) -> str:
         return (
