@@ -84,54 +84,33 @@ def compare(target: str, speculative: dict, rounds: int, max_tokens: int) -> dic
 
 
 def hook_microbench(batch_sizes=(8, 64, 256), steps: int = 2000) -> list[dict]:
-    """Per-step cost of the plugin's own work (no engine): engine side and front-end side.
+    """Per-step cost of the plugin's own engine-side work (no engine): counting each verified
+    request's chunk size and taking the step's numbers. Per-request acceptance is vLLM's own.
 
     For scale, ``vllm_spec_stats_us_per_step`` times vLLM's own per-request spec-decode stats
     (``SpecDecodingStats.observe_draft``, what ``make_spec_decoding_stats`` does) at the same batch.
     """
-    import msgspec
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-    from vllm_nwor.telemetry import RequestSpecDecodeMetrics, SpecTelemetry
+    from vllm_nwor.telemetry import SpecTelemetry
 
     cells = []
     for batch in batch_sizes:
-        ids = [f"cmpl-{i:08d}-0-abcdef12" for i in range(batch)]
         start = time.perf_counter()
         for _ in range(steps):
             stats = SpecDecodingStats.new(3)
-            for _req in ids:
+            for _req in range(batch):
                 stats.observe_draft(num_draft_tokens=3, num_accepted_tokens=1)
         vllm_us = (time.perf_counter() - start) / steps * 1e6
         telemetry = SpecTelemetry(3, collect_stats=True)
         start = time.perf_counter()
         for _ in range(steps):
-            for req_id in ids:
-                telemetry.observe_verify(req_id, 3, 1, num_scheduled_drafts=3)
-            step = telemetry.take_step()[0]
-            telemetry.take_stats(has_requests=True)
+            for _req in range(batch):
+                telemetry.observe_verify(3)
+            telemetry.take_stats(unfinished_requests=True)
         engine_us = (time.perf_counter() - start) / steps * 1e6
-        encoded = msgspec.msgpack.encode(step)
-        start = time.perf_counter()
-        for _ in range(steps):
-            msgspec.msgpack.encode(step)
-            msgspec.msgpack.decode(encoded, type=type(step))
-        wire_us = (time.perf_counter() - start) / steps * 1e6
-        states = {req_id: RequestSpecDecodeMetrics.new(3) for req_id in ids}
-        start = time.perf_counter()
-        for _ in range(steps):
-            for req_id, d, a in zip(step.req_ids, step.num_drafted, step.num_accepted,
-                                    strict=True):
-                states[req_id].observe(d, a)
-            for metrics in states.values():  # keep the lists short: this is not what is timed
-                metrics.per_step_accepted.clear()
-                metrics.per_step_drafted.clear()
-        frontend_us = (time.perf_counter() - start) / steps * 1e6
         cells.append({"batch": batch, "vllm_spec_stats_us_per_step": round(vllm_us, 1),
-                      "engine_core_us_per_step": round(engine_us, 1),
-                      "encode_decode_us_per_step": round(wire_us, 1),
-                      "wire_bytes_per_step": len(encoded),
-                      "front_end_us_per_step": round(frontend_us, 1)})
+                      "engine_core_us_per_step": round(engine_us, 1)})
     return cells
 
 

@@ -26,7 +26,8 @@ first 32 steps to fit its step-cost model) and gives the text; the passes after 
 Per-request numbers are those of the last timed pass.
 
 Per-request acceptance lengths: with a plugin feature on, each output's
-``acceptance_lengths`` (the plugin's telemetry); with the plugin off, the in-process scheduler's
+``spec_decode_metrics.per_step_accepted`` (vLLM's per-request metrics, which the plugin's
+telemetry asks for); with the plugin off, the in-process scheduler's
 counts (``vllm_nwor.testing.SpecStepRecorder``), the ones vLLM adds to
 ``vllm:spec_decode_num_accepted_tokens``. The demo checks that the two agree request by request
 and that the scheduler's add up to vLLM's stats; chunk sizes come from the scheduler.
@@ -127,14 +128,15 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
             if recorded != (after[0] - before[0], after[1] - before[1]):
                 raise SystemExit(f"{name}: per-request steps {recorded} do not add up to vLLM's "
                                  f"spec-decode stats {after} - {before}")
-            # With any plugin feature on, telemetry puts each request's acceptance lengths on
-            # its CompletionOutput; with the plugin off only the scheduler has them.
-            fields = [getattr(o.outputs[0], "acceptance_lengths", None) for o in timed]
+            # With any plugin feature on, telemetry has vLLM put each request's acceptance
+            # lengths on its CompletionOutput; with the plugin off only the scheduler has them.
+            fields = [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
+                      for o in timed]
             for lengths, steps in zip(fields, requests, strict=True):
                 if lengths is not None and list(lengths) != steps.accepted:
-                    raise SystemExit(f"{name}: acceptance_lengths {lengths} != the scheduler's "
+                    raise SystemExit(f"{name}: per_step_accepted {lengths} != the scheduler's "
                                      f"{steps.accepted}")
-            source = ("CompletionOutput.acceptance_lengths, = the scheduler's counts"
+            source = ("CompletionOutput.spec_decode_metrics, = the scheduler's counts"
                       if all(f is not None for f in fields) else "the scheduler's counts")
         draft_tokens, accepted = spec_decode_totals(llm)
         counters = vllm_nwor.get_counters(llm)

@@ -40,6 +40,9 @@ def main(target: str) -> None:
             "interceptor": repr(interceptor_of(runner)),
             "patches_applied": sum(p.is_applied() for p in all_patches()),
             "output_types": sorted({type(c).__name__ for o in outputs for c in o.outputs}),
+            # vLLM's per-request metrics stay at its default (none) with the plugin off.
+            "spec_decode_metrics": sorted({str(c.spec_decode_metrics) for o in outputs
+                                           for c in o.outputs}),
             "plugin_metrics": sorted(
                 {m.name for m in llm.get_metrics() if m.name.startswith(("vllm:nwor", "vllm:scv"))}
             ),

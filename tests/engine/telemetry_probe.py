@@ -25,14 +25,13 @@ import vllm_nwor  # noqa: E402
 def sequences(request_outputs) -> list[dict]:
     return [
         {
-            "type": type(o).__name__,
+            "type": type(o.spec_decode_metrics).__qualname__,
             "index": o.index,
             "n": len(r.outputs),
             "num_tokens": len(o.token_ids),
             "finish_reason": o.finish_reason,
-            "acceptance_lengths": getattr(o, "acceptance_lengths", None),
-            "per_step_drafted": o.spec_decode_metrics.per_step_drafted
-            if getattr(o, "spec_decode_metrics", None) else None,
+            "acceptance_lengths": o.spec_decode_metrics and o.spec_decode_metrics.per_step_accepted,
+            "per_step_drafted": o.spec_decode_metrics and o.spec_decode_metrics.per_step_drafted,
         }
         for r in request_outputs
         for o in r.outputs

@@ -55,7 +55,7 @@ def run(tiny_models, lazy: bool, fail_catch_up: bool = False, **keys) -> dict:
         state = lazy_draft_sync(runner_of(llm))
         return {
             "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "acceptance": [o.outputs[0].acceptance_lengths for o in outputs],
+            "acceptance": [o.outputs[0].spec_decode_metrics.per_step_accepted for o in outputs],
             "skipped_steps": state.skipped_steps if state else 0,
             "caught_up_tokens": state.caught_up_tokens if state else 0,
             "kept_behind": state.kept_behind if state else 0,

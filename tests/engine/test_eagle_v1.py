@@ -55,7 +55,8 @@ def _run(pair: tuple[str, str], method: str, **keys) -> dict:
             "logprobs": [[step[t].logprob for t, step in
                           zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
                          for o in outputs],
-            "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],
+            "acceptance": [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
+                           for o in outputs],
             "chunks": chunks,
             "stats": spec_decode_stats(llm),
             "counters": vllm_nwor.get_counters(llm),

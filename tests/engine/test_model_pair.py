@@ -82,7 +82,8 @@ def _run(keys: dict) -> dict:
         probe_steps = recorder.take(probes)
         return dict(
             token_ids=[list(o.outputs[0].token_ids) for o in outputs + probes],
-            lengths=[getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs + probes],
+            lengths=[getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
+                     for o in outputs + probes],
             text=[o.outputs[0].text for o in outputs + probes],
             stats=stats,
             steps=steps,

@@ -43,9 +43,10 @@ def test_installed_but_not_enabled_changes_nothing(summaries):
     with_plugin, without = summaries[True], summaries[False]
     assert with_plugin["spec_stats"][0] > 0, "the workload must speculate"
     for key in ("tokens", "logprobs", "spec_stats", "config_hash", "additional_config",
-                "output_types", "plugin_metrics"):
+                "output_types", "spec_decode_metrics", "plugin_metrics"):
         assert with_plugin[key] == without[key], key
     # Telemetry follows the plugin's other keys: off here, so vLLM's own output type and no
     # plugin metrics.
     assert with_plugin["output_types"] == ["CompletionOutput"]
+    assert with_plugin["spec_decode_metrics"] == ["None"]
     assert with_plugin["plugin_metrics"] == []

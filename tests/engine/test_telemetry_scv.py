@@ -59,8 +59,8 @@ def scv_run(tiny_models) -> dict:
         )
         return {
             "steps": dict(steps),
-            "lengths": {o.request_id.split("-")[0]: o.outputs[0].acceptance_lengths
-                        for o in outputs},
+            "lengths": {o.request_id.split("-")[0]: o.outputs[0].spec_decode_metrics
+                        .per_step_accepted for o in outputs},
             "drafted": {o.request_id.split("-")[0]: o.outputs[0].spec_decode_metrics
                         .per_step_drafted for o in outputs},
             "metrics": metric_values(llm),

@@ -126,7 +126,8 @@ def main(spec: dict, out_path: str) -> None:
                       zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
                      for o in outputs] if params.logprobs is not None else None,
         "runner": type(runner).__module__,
-        "acceptance": [getattr(o.outputs[0], "acceptance_lengths", None) for o in outputs],
+        "acceptance": [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
+                       for o in outputs],
         "scv_budgets": policy.budget_counts if policy is not None else None,
         "draft_sync": {"skipped_steps": lazy.skipped_steps,
                        "caught_up_tokens": lazy.caught_up_tokens} if lazy else None,

@@ -10,8 +10,9 @@ from typing import Any
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-OURS = ("acceptance_lengths", "speculative_decoding")
-"""The plugin's fields in OpenAI responses."""
+OURS = ("metrics",)
+"""vLLM's per-request metrics in OpenAI responses (``metrics.speculative_decoding``), which the
+plugin's telemetry asks vLLM for (``--per-request-spec-decode-metrics detailed``)."""
 VOLATILE = ("id", "created", "system_fingerprint")
 """Fields that differ between two servers' equal responses."""
 
@@ -53,33 +54,33 @@ def delta(before: dict, after: dict, name: str, **labels: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-def final_choices(response) -> list[tuple[int, dict]]:
-    """(choice index, the choice's extra fields) of each choice's final response or chunk."""
-    if isinstance(response, list):
-        return [(c.index, c.model_extra) for chunk in response for c in chunk.choices
-                if c.finish_reason is not None]
-    return [(c.index, c.model_extra) for c in response.choices]
+def spec_metrics(response) -> dict | None:
+    """A response's ``metrics.speculative_decoding`` (vLLM's), from the response, or from the
+    stream's final usage chunk; None where vLLM reports none (several prompts or sequences, a
+    stream without usage)."""
+    last = response[-1] if isinstance(response, list) else response
+    metrics = (last.model_extra or {}).get("metrics") or {}
+    return metrics.get("speculative_decoding")
 
 
-def request_totals(response) -> tuple[list[dict], int, int, int]:
-    """A request's choices' extra fields, and over them: speculative steps (entries in
-    ``acceptance_lengths``), accepted drafts and drafted tokens."""
-    extras = [extra for _, extra in final_choices(response)]
-    steps = sum(len(e["acceptance_lengths"]) for e in extras)
-    accepted = sum(sum(e["acceptance_lengths"]) for e in extras)
-    drafted = sum(e["speculative_decoding"]["num_draft_tokens"] for e in extras)
-    return extras, steps, accepted, drafted
+def request_totals(response) -> tuple[dict, int, int, int]:
+    """A request's speculative-decoding metrics (vLLM's, ``detailed``) and from them:
+    speculative steps (entries in ``per_step_accepted``), accepted drafts and drafted tokens."""
+    spec = spec_metrics(response)
+    assert spec is not None, "vLLM reported no per-request metrics"
+    accepted = spec.get("per_step_accepted", [])
+    return spec, len(accepted), sum(accepted), spec["num_draft_tokens"]
 
 
-def request_totals_checked(result: dict, name: str) -> tuple[list[dict], int, int, int]:
+def request_totals_checked(result: dict, name: str) -> tuple[dict, int, int, int]:
     """``request_totals`` of one ``run_traffic`` result, after asserting that vLLM's own
     spec-decode counters moved by exactly those numbers over that request alone."""
-    extras, steps, accepted, drafted = request_totals(result["response"])
+    spec, steps, accepted, drafted = request_totals(result["response"])
     before, after = result["before"], result["after"]
     assert delta(before, after, "vllm:spec_decode_num_drafts_total") == steps, name
     assert delta(before, after, "vllm:spec_decode_num_draft_tokens_total") == drafted, name
     assert delta(before, after, "vllm:spec_decode_num_accepted_tokens_total") == accepted, name
-    return extras, steps, accepted, drafted
+    return spec, steps, accepted, drafted
 
 
 def as_json(response) -> Any:

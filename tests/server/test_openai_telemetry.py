@@ -1,11 +1,13 @@
 """Acceptance lengths through a real ``vllm serve``, against /metrics and vLLM's own counters.
 
 Two servers run the same traffic with the ``openai`` client: one with NWOR on (telemetry follows
-it by default), one with the plugin installed but not enabled. Completions and chat, plain and
-streamed, greedy, and n=2 with sampling. Every request is bracketed by /metrics scrapes, so each
-request's acceptance lengths are checked against what vLLM's spec-decode counters and the
-plugin's counters moved by for that request alone. A third server, adaptive SCV alone, runs the
-same traffic afterwards: its chunk-size metrics request by request, and greedy output unchanged.
+it by default, and asks vLLM for its per-request metrics at ``detailed``), one with the plugin
+installed but not enabled. Completions and chat, plain and streamed, greedy, and n=2 with
+sampling. Every request is bracketed by /metrics scrapes, so each request's acceptance lengths
+(vLLM's ``metrics.speculative_decoding.per_step_accepted``) are checked against what vLLM's
+spec-decode counters and the plugin's counters moved by for that request alone. A third server,
+adaptive SCV alone, runs the same traffic afterwards: its chunk-size metrics request by request,
+and greedy output unchanged.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from openai_traffic import (
     VOLATILE,
     as_json,
     delta,
-    final_choices,
     keys_anywhere,
     request_totals_checked,
     run_traffic,
+    spec_metrics,
     without,
 )
 
@@ -42,18 +44,25 @@ KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 32 * 4
 def requests(client: openai.OpenAI, model: str) -> dict[str, Any]:
     """The traffic: name -> a callable returning the response or the list of chunks."""
     kw = {"model": model, "max_tokens": 20, "timeout": REQUEST_TIMEOUT_S}
-    stream = {"stream": True}
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
     return {
-        "completion": lambda: client.completions.create(prompt=PROMPTS, **kw, **GREEDY),
+        "completion": lambda: client.completions.create(prompt=PROMPTS[0], **kw, **GREEDY),
+        "completion_two_prompts": lambda: client.completions.create(
+            prompt=PROMPTS, **kw, **GREEDY),
         "chat": lambda: client.chat.completions.create(messages=MESSAGES, **kw, **GREEDY),
         "completion_stream": lambda: list(client.completions.create(
-            prompt=PROMPTS[0], stream_options={"include_usage": True}, **stream, **kw, **GREEDY)),
+            prompt=PROMPTS[0], **stream, **kw, **GREEDY)),
         "chat_stream": lambda: list(client.chat.completions.create(
             messages=MESSAGES, **stream, **kw, **GREEDY)),
         "completion_n2": lambda: client.completions.create(prompt=PROMPTS[0], **kw, **SAMPLED),
         "chat_n2_stream": lambda: list(client.chat.completions.create(
             messages=MESSAGES, **stream, **kw, **SAMPLED)),
     }
+
+
+REPORTED = ("completion", "chat", "completion_stream", "chat_stream")
+"""The requests vLLM reports per-request metrics for: one sequence (streams: on the usage
+chunk). It reports none for several prompts or n > 1."""
 
 
 @pytest.fixture(scope="module")
@@ -79,66 +88,42 @@ def stream_view(chunks: list[dict]) -> dict:
             "keys": keys_anywhere(chunks)}
 
 
-def test_each_choice_carries_acceptance_lengths_and_summary(traffic):
+def test_single_sequence_requests_carry_vllms_metrics_with_acceptance_lengths(traffic):
     on, _ = traffic
     for name, result in on.items():
-        choices = final_choices(result["response"])
-        assert choices, name
-        for index, extra in choices:
-            lengths, summary = extra["acceptance_lengths"], extra["speculative_decoding"]
-            assert len(lengths) == summary["num_spec_steps"], (name, index)
-            assert sum(lengths) == summary["num_accepted_draft_tokens"], (name, index)
-            assert all(0 <= a <= 3 for a in lengths), (name, index)
-            assert summary["acceptance_histogram"] == [lengths.count(j) for j in range(4)]
-            assert summary["num_spec_tokens"] == 3
-            steps = summary["num_spec_steps"]
-            assert summary["mean_acceptance_length"] == pytest.approx(
-                1 + sum(lengths) / steps if steps else 1.0)
+        summary = spec_metrics(result["response"])
+        if name not in REPORTED:
+            assert summary is None, name  # vLLM's rule: one sequence only
+            continue
+        lengths = summary["per_step_accepted"]  # detailed: the plugin asked for it
+        assert len(lengths) == summary["num_spec_steps"] == len(summary["per_step_drafted"])
+        assert sum(lengths) == summary["num_accepted_draft_tokens"], name
+        assert all(0 <= a <= 3 for a in lengths), name
+        assert summary["acceptance_histogram"] == [lengths.count(j) for j in range(4)]
+        assert summary["num_spec_tokens"] == 3
+        steps = summary["num_spec_steps"]
+        assert summary["mean_acceptance_length"] == pytest.approx(
+            1 + sum(lengths) / steps if steps else 1.0)
 
 
-def test_top_level_fields_are_choice_0s_for_the_openai_sdk(traffic):
+def test_streams_carry_them_on_the_usage_chunk_only(traffic):
     on, _ = traffic
-    for name in ("completion", "chat", "completion_n2"):
-        response = on[name]["response"]
-        choice0 = next(c for c in response.choices if c.index == 0)
-        for field in OURS:
-            assert response.model_extra[field] == choice0.model_extra[field], (name, field)
-    for name in ("completion_stream", "chat_stream", "chat_n2_stream"):
+    for name in ("completion_stream", "chat_stream"):
         chunks = on[name]["response"]
-        final0 = next(c for c in chunks if c.choices and c.choices[0].index == 0
-                      and c.choices[0].finish_reason is not None)
-        assert final0.model_extra["acceptance_lengths"] == \
-            final0.choices[0].model_extra["acceptance_lengths"], name
-
-
-def test_streams_carry_the_fields_on_each_choices_final_chunk_only(traffic):
-    on, _ = traffic
-    for name in ("completion_stream", "chat_stream", "chat_n2_stream"):
-        chunks = on[name]["response"]
-        for chunk in chunks:
-            for choice in chunk.choices:
-                final = choice.finish_reason is not None
-                assert ("acceptance_lengths" in choice.model_extra) == final, name
-            top = "acceptance_lengths" in chunk.model_extra
-            final0 = any(c.index == 0 and c.finish_reason is not None for c in chunk.choices)
-            usage_chunk = not chunk.choices and chunk.usage is not None
-            assert top == (final0 or usage_chunk), name
-    usage = on["completion_stream"]["response"][-1]
-    assert not usage.choices and usage.usage is not None
-    final = next(c for c in on["completion_stream"]["response"] if c.choices
-                 and c.choices[0].finish_reason is not None)
-    assert usage.model_extra["speculative_decoding"] == final.model_extra["speculative_decoding"]
+        carrying = [i for i, c in enumerate(chunks) if (c.model_extra or {}).get("metrics")]
+        assert carrying == [len(chunks) - 1], name
+        assert not chunks[-1].choices and chunks[-1].usage is not None, name
 
 
 def test_each_request_agrees_with_vllm_counters_and_plugin_metrics(traffic):
     on, _ = traffic
     totals = {"steps": 0, "accepted": 0}
-    for name, result in on.items():
+    for name in REPORTED:
+        result = on[name]
         before, after = result["before"], result["after"]
         # vLLM's own spec-decode counters, for this request alone, are checked in here.
-        extras, steps, accepted, drafted = request_totals_checked(result, name)
-        means = [e["speculative_decoding"]["mean_acceptance_length"] for e in extras
-                 if e["acceptance_lengths"]]
+        spec, steps, accepted, drafted = request_totals_checked(result, name)
+        means = [spec["mean_acceptance_length"]] if steps else []
 
         def d(metric: str, before=before, after=after) -> float:
             return delta(before, after, metric)
@@ -166,14 +151,16 @@ def test_plugin_off_server_has_none_of_the_fields_and_nothing_else_changes(traff
     on, off = traffic
     for name in on:
         off_json, on_json = as_json(off[name]["response"]), as_json(on[name]["response"])
-        assert not keys_anywhere(off_json) & set(OURS), name
+        assert spec_metrics(off[name]["response"]) is None, name
         if name.endswith(("_n2", "_n2_stream")):  # sampled: compare the shape only
-            assert keys_anywhere(without(on_json, OURS)) == keys_anywhere(off_json), name
+            assert keys_anywhere(without(on_json, OURS)) == \
+                keys_anywhere(without(off_json, OURS)), name
         elif name.endswith("_stream"):  # the frontend merges steps' deltas as timing allows
             assert stream_view(without(on_json, OURS + VOLATILE)) == \
-                stream_view(without(off_json, VOLATILE)), name
+                stream_view(without(off_json, OURS + VOLATILE)), name
         else:
-            assert without(on_json, OURS + VOLATILE) == without(off_json, VOLATILE), name
+            assert without(on_json, OURS + VOLATILE) == \
+                without(off_json, OURS + VOLATILE), name
     metrics_off = off["chat"]["after"]
     assert not [k for k in metrics_off if k[0].startswith(("vllm:nwor_", "vllm:scv_"))]
     for name in ("completion", "chat", "completion_stream", "chat_stream"):
@@ -190,7 +177,8 @@ def scv_traffic(scv_server):
 
 def test_scv_chunk_metrics_agree_with_acceptance_lengths_request_by_request(scv_traffic):
     totals = {"steps": 0, "zero": 0}
-    for name, result in scv_traffic.items():
+    for name in REPORTED:
+        result = scv_traffic[name]
         before, after = result["before"], result["after"]
         # Steps SCV gave chunk 0 are no speculative steps: vLLM's counters and the lists agree.
         _, steps, accepted, drafted = request_totals_checked(result, name)
@@ -214,12 +202,12 @@ def test_scv_server_changes_no_greedy_response(scv_traffic, traffic):
     _, off = traffic
     for name in ("completion", "chat"):
         scv_json, off_json = as_json(scv_traffic[name]["response"]), as_json(off[name]["response"])
-        assert without(scv_json, OURS + VOLATILE) == without(off_json, VOLATILE), name
-        assert keys_anywhere(scv_json) & set(OURS), name  # telemetry follows scv
+        assert without(scv_json, OURS + VOLATILE) == without(off_json, OURS + VOLATILE), name
+        assert spec_metrics(scv_traffic[name]["response"]) is not None, name  # follows scv
     # Streams are cut per engine step, and SCV changes how many tokens a step emits: compare
     # what they add up to.
     for name in ("completion_stream", "chat_stream"):
         scv_json, off_json = as_json(scv_traffic[name]["response"]), as_json(off[name]["response"])
         assert stream_view(without(scv_json, OURS + VOLATILE)) == \
-            stream_view(without(off_json, VOLATILE)), name
-        assert keys_anywhere(scv_json) & set(OURS), name
+            stream_view(without(off_json, OURS + VOLATILE)), name
+        assert spec_metrics(scv_traffic[name]["response"]) is not None, name

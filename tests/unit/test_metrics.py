@@ -4,7 +4,7 @@ import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry
 
-from vllm_nwor.telemetry import RequestSpecDecodeMetrics, SpecStepStats
+from vllm_nwor.telemetry import SpecStepStats
 from vllm_nwor.telemetry.metrics import (
     TelemetryLog,
     TelemetryMetrics,
@@ -102,12 +102,22 @@ def test_observe_many_falls_back_to_observe_without_the_internals():
     assert seen == [2, 2, 2]
 
 
+class Finished:
+    """A finished sequence's metrics as the stat logger reads vLLM's RequestSpecDecodeMetrics:
+    its ``to_dict()`` summary (two of its keys)."""
+
+    def __init__(self, *accepted: int) -> None:
+        self.accepted = accepted
+
+    def to_dict(self) -> dict:
+        steps = len(self.accepted)
+        return {"num_spec_steps": steps,
+                "mean_acceptance_length": 1 + sum(self.accepted) / steps if steps else 1.0}
+
+
 def test_per_request_histogram_skips_requests_that_never_speculated(registry):
     metrics = TelemetryMetrics("m", [0], 3, registry=registry)
-    speculated, never = RequestSpecDecodeMetrics.new(3), RequestSpecDecodeMetrics.new(3)
-    speculated.observe(3, 2)
-    speculated.observe(3, 1)
-    metrics.record_finished(0, [speculated, never])
+    metrics.record_finished(0, [Finished(2, 1), Finished()])
     assert value(registry, "vllm:nwor_request_mean_acceptance_length_count") == 1
     assert value(registry, "vllm:nwor_request_mean_acceptance_length_sum") == 2.5
 
@@ -121,9 +131,7 @@ def test_log_line_only_when_something_happened_and_only_what_is_new():
     log = TelemetryLog()
     assert log.take_line() is None
     log.record_step(0, SpecStepStats([0, 1, 0, 1], counters(10, 4, kv=3 << 20)))
-    finished = RequestSpecDecodeMetrics.new(3)
-    finished.observe(3, 1)
-    log.record_finished([finished])
+    log.record_finished([Finished(1)])
     line = log.take_line()
     assert "1 requests finished" in line and "mean acceptance length 2.00" in line
     assert "mean chunk size 2.00 over 2 request steps, 0 at chunk 0" in line

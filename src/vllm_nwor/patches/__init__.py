@@ -3,13 +3,14 @@
 This package is the only place that touches vLLM internals. Each patch keeps the original and
 calls it; see each entry's ``why`` for what it does and what would retire it. The modules are
 grouped by feature: ``nwor/`` (staged KV writes and verify attention), ``scv/`` (per-request
-chunks), ``telemetry/`` (acceptance lengths and metrics); ``engine_args`` (the plugin's config),
+chunks), ``telemetry/`` (the plugin's metrics); ``engine_args`` (the plugin's config),
 ``draft_window`` (the draft context window) and ``_patch`` (the utility) serve all of them.
 
 0. ``VllmConfig.compute_hash``: vLLM's config hash (its compile cache's key) without the
    plugin's keys, so the plugin shares vLLM's compiled kernels.
 1. ``EngineArgs.create_engine_config``: move the plugin's keys out of the speculative config
-   into ``additional_config``; validate the finished config.
+   into ``additional_config``; validate the finished config; with telemetry on, ask for
+   vLLM's per-request speculative-decoding metrics at ``detailed``.
 2. ``GPUModelRunner.initialize_kv_cache``: bind the interceptor to the target's attention layers.
 3. ``GPUModelRunner._prepare_inputs``: begin each verify step, once for all layers.
 4. ``GPUModelRunner._sample``: commit the accepted drafts after rejection sampling.
@@ -43,26 +44,15 @@ chunks), ``telemetry/`` (acceptance lengths and metrics); ``engine_args`` (the p
     vLLM's function): with SCV and ngram_gpu, a step with no drafts does not wait for the
     drafter's valid-draft counts (``ngram_gpu.py``).
 
-Telemetry (``telemetry_engine.py``, ``telemetry_frontend.py``; docs/telemetry.md):
+Telemetry (``telemetry/engine.py``, ``telemetry/frontend.py``; docs/telemetry.md). Per-request
+acceptance is vLLM's own (``--per-request-spec-decode-metrics``, set to ``detailed`` by 1.):
 
-21. ``Scheduler.make_spec_decoding_stats``: record each verified request's exact accepted count.
-22. ``EngineCore._attach_iteration_details``: attach the step's counts and stats to its outputs.
-23. ``MPClient.__init__``: decode the engine core's outputs with the telemetry fields.
-24. ``LLMEngine.__init__``, 25. ``AsyncLLM.__init__``: one front-end telemetry object per engine
-    (the AsyncLLM one also applies the OpenAI-server patches below).
-26. ``InprocClient.get_output``, 27. ``SyncMPClient.get_output``,
-    28. ``AsyncMPClient.get_output_async``: add a step's counts to its requests' metrics.
-29. ``OutputProcessor.add_request``: every request starts with empty metrics.
-30. ``RequestState._new_completion_output``: finished outputs carry ``acceptance_lengths``,
-    and ``RequestOutput.add`` keeps them when a lagging stream's outputs are merged.
-31. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics to the stats.
-32. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
-
-Applied with the first ``AsyncLLM`` (the API server), not at registration (``openai_serving.py``):
-
-- ``OpenAIServingCompletion.request_output_to_completion_response`` and
-  ``.completion_stream_generator``, ``OpenAIServingChat.chat_completion_full_generator`` and
-  ``.chat_completion_stream_generator``: the fields in responses.
+21. ``Scheduler.make_spec_decoding_stats``: count each verified request's chunk size.
+22. ``EngineCore._attach_iteration_details``: attach the step's numbers to its scheduler stats.
+23. ``MPClient.__init__``: decode the engine core's outputs with the plugin's stats field.
+24. ``OutputProcessor._update_stats_from_finished``: finished requests' metrics (vLLM's) to the
+    stats.
+25. ``StatLoggerManager.__init__``: add the plugin's stat logger (Prometheus, log line).
 """
 
 from __future__ import annotations
@@ -110,18 +100,7 @@ def all_patches() -> list[Patch]:
     ]
 
 
-def serving_patches() -> list[Patch]:
-    """The OpenAI-server patches (applied by :func:`apply_serving`)."""
-    from vllm_nwor.patches.telemetry import openai_serving
-
-    return list(openai_serving.PATCHES)
-
-
 def apply_all() -> int:
     """Applies every patch; returns how many were newly installed (0 when already applied)."""
     return sum(patch.apply() for patch in all_patches())
 
-
-def apply_serving() -> int:
-    """Applies the OpenAI-server patches (idempotent), from the process that serves them."""
-    return sum(patch.apply() for patch in serving_patches())

@@ -180,6 +180,16 @@ def unsupported_compilation(compilation_config: Any) -> str | None:
     return None
 
 
+def ask_for_request_metrics(vllm_config: Any, config: NworConfig) -> None:
+    """With telemetry on, vLLM's own per-request speculative-decoding metrics
+    (``--per-request-spec-decode-metrics``) at ``detailed``, the drafts accepted in every
+    step, where the level is vLLM's default (none)."""
+    observability = vllm_config.observability_config
+    if (config.telemetry and vllm_config.speculative_config is not None
+            and observability.per_request_spec_decode_metrics == "none"):
+        observability.per_request_spec_decode_metrics = "detailed"
+
+
 def log_activation(config: NworConfig) -> None:
     """The plugin's one INFO line, when a config switches a feature on."""
     if not config.enabled:
@@ -205,6 +215,7 @@ def _wrap_create_engine_config(create_engine_config):
         vllm_config = create_engine_config(self, *args, **kwargs)
         attach(vllm_config, config)
         check_engine_config(vllm_config, config)
+        ask_for_request_metrics(vllm_config, config)
         log_activation(config)
         return vllm_config
 

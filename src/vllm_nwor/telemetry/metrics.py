@@ -2,8 +2,8 @@
 
 ``vllm serve`` runs the API server, the engine core and the workers as separate processes; its
 ``/metrics`` serves the API server's prometheus_client registry. The numbers reach it with each
-engine step's stats (``patches/telemetry_engine.py`` puts them there, ``NworStatLogger`` in
-``patches/telemetry_frontend.py`` hands them to :class:`TelemetryMetrics`). Every family carries
+engine step's stats (``patches/telemetry/engine.py`` puts them there, ``NworStatLogger`` in
+``patches/telemetry/frontend.py`` hands them to :class:`TelemetryMetrics`). Every family carries
 vLLM's labels ``model_name`` and ``engine``; all start with ``vllm:nwor_`` or ``vllm:scv_``, so
 vLLM's own clean-up of ``vllm:`` collectors between engines covers them too.
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import prometheus_client
 
-from vllm_nwor.telemetry.spec_decode import RequestSpecDecodeMetrics, SpecStepStats
+from vllm_nwor.telemetry.spec_decode import SpecStepStats
 
 _LABELS = ("model_name", "engine")
 _NWOR_TOKEN_COUNTERS = (
@@ -171,12 +171,19 @@ class TelemetryMetrics:
         self._last_nwor[engine_idx] = totals
 
     def record_finished(
-        self, engine_idx: int, requests: Iterable[RequestSpecDecodeMetrics]
+        self, engine_idx: int, requests: Iterable[Any]
     ) -> None:
+        """``requests``: finished sequences' ``RequestSpecDecodeMetrics`` (vLLM's)."""
         histogram = self.request_mean_acceptance_length.labels(*self._labels(engine_idx))
-        for request in requests:
-            if request.num_spec_steps:
-                histogram.observe(request.mean_acceptance_length)
+        for mean in spec_means(requests):
+            histogram.observe(mean)
+
+
+def spec_means(requests: Iterable[Any]) -> list[float]:
+    """The mean acceptance length of each finished sequence that had speculative steps, from
+    vLLM's per-request ``RequestSpecDecodeMetrics`` (its ``to_dict`` summary)."""
+    summaries = (request.to_dict() for request in requests)
+    return [s["mean_acceptance_length"] for s in summaries if s["num_spec_steps"]]
 
 
 def observe_many(histogram: prometheus_client.Histogram, amount: float, count: int) -> None:
@@ -245,14 +252,12 @@ class TelemetryLog:
                     self._fallbacks[reason] = self._fallbacks.get(reason, 0) + delta
             self._last_nwor[engine_idx] = stats.nwor_counters
 
-    def record_finished(self, requests: Iterable[RequestSpecDecodeMetrics]) -> None:
-        for request in requests:
-            if request.num_spec_steps:
-                mean = request.mean_acceptance_length
-                self._requests += 1
-                self._mean_sum += mean
-                self._mean_min = min(self._mean_min, mean)
-                self._mean_max = max(self._mean_max, mean)
+    def record_finished(self, requests: Iterable[Any]) -> None:
+        for mean in spec_means(requests):
+            self._requests += 1
+            self._mean_sum += mean
+            self._mean_min = min(self._mean_min, mean)
+            self._mean_max = max(self._mean_max, mean)
 
     def take_line(self) -> str | None:
         """The line for the interval that just ended, or None when nothing happened."""

@@ -1,16 +1,13 @@
-"""Per-request acceptance lengths, and the per-step numbers behind the plugin's metrics.
+"""The per-step numbers behind the plugin's metrics.
 
 Nothing here imports vLLM; ``patches/telemetry/engine.py`` and ``patches/telemetry/frontend.py``
-wire it in. Terms, as in vLLM:
+wire it in. Per-request acceptance is vLLM's own (``RequestSpecDecodeMetrics``,
+``--per-request-spec-decode-metrics``). Terms, as in vLLM:
 
 speculative step
     An engine step in which the scheduler verified drafts of a request (the request is in
     ``SchedulerOutput.scheduled_spec_decode_tokens``). Prefill chunks and steps without drafts
     are not speculative steps of the request.
-acceptance length
-    The number of drafts of one speculative step that rejection sampling accepted: the
-    scheduler's own ``num_accepted``, the number vLLM adds to
-    ``vllm:spec_decode_num_accepted_tokens``. The bonus (or recovered) token is not counted.
 chunk size
     The number of drafts verified for a request in one step: the request's scheduled drafts
     (SCV cuts them to the size it chose). A speculative step has a chunk of 1 or more; with SCV,
@@ -18,11 +15,9 @@ chunk size
 
 The data path::
 
-    engine core   SpecTelemetry.observe_verify(...)    once per (request, speculative step)
-                  -> SpecDecodeStep per front end, SpecStepStats (with log stats) per step
-    front end     RequestSpecDecodeMetrics.observe()   per request, step by step
-                  -> CompletionOutput.acceptance_lengths / .spec_decode_metrics, responses,
-                     and vllm_nwor.telemetry.metrics (Prometheus)
+    engine core   SpecTelemetry.observe_verify / observe_chunk_zero   per request step
+                  -> SpecStepStats (with log stats) per step, on vLLM's scheduler stats
+    front end     vllm_nwor.telemetry.metrics (Prometheus, the log line)
 """
 
 from __future__ import annotations
@@ -31,105 +26,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-ACCEPTANCE_LENGTHS = "acceptance_lengths"
-"""Response field (per choice, and top level for choice 0): one integer per speculative step."""
-
-SPEC_DECODE_SUMMARY = "speculative_decoding"
-"""Response field beside it: the summary, named as upstream vLLM names it (0.33,
-``metrics.speculative_decoding`` with ``--per-request-spec-decode-metrics summary``)."""
-
-
-@dataclass
-class RequestSpecDecodeMetrics:
-    """One request's speculative decoding, step by step.
-
-    Fields and summary keys follow upstream vLLM's ``RequestSpecDecodeMetrics`` (0.33), so code
-    that reads these moves over unchanged: ``histogram[j]`` counts the steps that accepted
-    exactly ``j`` drafts; ``num_draft_tokens`` excludes drafts invalidated by structured output,
-    as vLLM's ``vllm:spec_decode_num_draft_tokens`` does.
-    """
-
-    num_spec_tokens: int
-    histogram: list[int] = field(default_factory=list)
-    num_draft_tokens: int = 0
-    per_step_accepted: list[int] = field(default_factory=list)
-    per_step_drafted: list[int] = field(default_factory=list)
-
-    @classmethod
-    def new(cls, num_spec_tokens: int) -> RequestSpecDecodeMetrics:
-        return cls(num_spec_tokens=num_spec_tokens, histogram=[0] * (num_spec_tokens + 1))
-
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Records one speculative step."""
-        if num_accepted >= len(self.histogram):
-            self.histogram.extend([0] * (num_accepted + 1 - len(self.histogram)))
-        self.histogram[num_accepted] += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.per_step_accepted.append(num_accepted)
-        self.per_step_drafted.append(num_draft_tokens)
-
-    @property
-    def acceptance_lengths(self) -> list[int]:
-        """Drafts accepted in each speculative step, in order."""
-        return list(self.per_step_accepted)
-
-    @property
-    def num_spec_steps(self) -> int:
-        return len(self.per_step_accepted)
-
-    @property
-    def num_accepted_draft_tokens(self) -> int:
-        return sum(self.per_step_accepted)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per speculative step, bonus token included: ``1 + accepted / steps``."""
-        steps = self.num_spec_steps
-        return 1.0 + self.num_accepted_draft_tokens / steps if steps else 1.0
-
-    @property
-    def draft_acceptance_rate(self) -> float:
-        drafted = self.num_draft_tokens
-        return self.num_accepted_draft_tokens / drafted if drafted else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary, with upstream vLLM's keys."""
-        return {
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "draft_acceptance_rate": self.draft_acceptance_rate,
-            "acceptance_histogram": list(self.histogram),
-            "num_spec_steps": self.num_spec_steps,
-            "num_accepted_draft_tokens": self.num_accepted_draft_tokens,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_spec_tokens": self.num_spec_tokens,
-        }
-
-    def response_fields(self) -> dict[str, Any]:
-        """What a response choice carries: ``acceptance_lengths`` and the summary."""
-        return {ACCEPTANCE_LENGTHS: self.acceptance_lengths, SPEC_DECODE_SUMMARY: self.to_dict()}
-
-    def copy(self) -> RequestSpecDecodeMetrics:
-        return RequestSpecDecodeMetrics(
-            self.num_spec_tokens,
-            list(self.histogram),
-            self.num_draft_tokens,
-            list(self.per_step_accepted),
-            list(self.per_step_drafted),
-        )
-
-
-@dataclass
-class SpecDecodeStep:
-    """One engine step's speculative steps, for one front end.
-
-    Request ``req_ids[i]`` verified ``num_drafted[i]`` drafts and accepted ``num_accepted[i]``.
-    Requests without drafts in the step are absent.
-    """
-
-    req_ids: list[str] = field(default_factory=list)
-    num_drafted: list[int] = field(default_factory=list)
-    num_accepted: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -171,10 +67,9 @@ def combine_rank_counters(per_rank: Sequence[Mapping[str, Any] | None]) -> dict[
 class SpecTelemetry:
     """The engine core's side: collects each step's speculative steps and engine-wide numbers.
 
-    The scheduler calls :meth:`observe_verify` for every request it verified drafts of, with
-    the numbers it adds to vLLM's spec-decode stats, and SCV calls :meth:`observe_chunk_zero`
-    for the requests it scheduled without drafts. After each step the engine core takes
-    :meth:`take_step` (per front end) and, with log stats, :meth:`take_stats`.
+    The scheduler calls :meth:`observe_verify` for every request it verified drafts of, and SCV
+    calls :meth:`observe_chunk_zero` for the requests it scheduled without drafts. After each
+    step the engine core takes, with log stats, :meth:`take_stats`.
 
     Args:
         num_spec_tokens: ``num_speculative_tokens`` (k).
@@ -203,7 +98,6 @@ class SpecTelemetry:
         self.read_nwor_counters = read_nwor_counters
         self.nwor_counter_interval_s = nwor_counter_interval_s
         self._clock = clock
-        self._steps: dict[int, SpecDecodeStep] = {}
         self._chunk_sizes = [0] * (num_spec_tokens + 1)
         self._chunk_sizes_dirty = False
         self._nwor_dirty = False
@@ -211,26 +105,10 @@ class SpecTelemetry:
 
     # -- scheduler side -------------------------------------------------------------------------
 
-    def observe_verify(
-        self,
-        req_id: str,
-        num_drafted: int,
-        num_accepted: int,
-        *,
-        num_scheduled_drafts: int,
-        client_index: int = 0,
-    ) -> None:
-        """One speculative step of ``req_id``: ``num_accepted`` of ``num_drafted`` accepted.
-
-        ``num_scheduled_drafts`` includes drafts that structured output invalidated (they were
-        verified all the same); it is the step's chunk size.
-        """
-        step = self._steps.get(client_index)
-        if step is None:
-            step = self._steps[client_index] = SpecDecodeStep()
-        step.req_ids.append(req_id)
-        step.num_drafted.append(num_drafted)
-        step.num_accepted.append(num_accepted)
+    def observe_verify(self, num_scheduled_drafts: int) -> None:
+        """One speculative step of a request that verified ``num_scheduled_drafts`` drafts
+        (structured output's invalidated drafts included: they were verified all the same):
+        the step's chunk size."""
         self._nwor_dirty = True
         if self.collect_stats:
             self._count_chunk(num_scheduled_drafts, 1)
@@ -251,11 +129,6 @@ class SpecTelemetry:
         self._chunk_sizes_dirty = True
 
     # -- engine core side -----------------------------------------------------------------------
-
-    def take_step(self) -> dict[int, SpecDecodeStep]:
-        """This step's speculative steps by front end (client index); empty when none."""
-        steps, self._steps = self._steps, {}
-        return steps
 
     def take_stats(self, *, unfinished_requests: bool) -> SpecStepStats | None:
         """This step's engine-wide numbers, or None when there is nothing new.

@@ -1,23 +1,17 @@
-"""Engine-core patches for telemetry: the scheduler's exact accepted counts, sent with each step.
+"""Engine-core patches for telemetry: the step numbers behind the plugin's metrics.
 
-vLLM 0.26 computes each request's accepted drafts in ``Scheduler.update_from_output`` and hands
-them, per request, to ``Scheduler.make_spec_decoding_stats`` (which feeds its batch-wide
-spec-decode counters). The plugin records the same numbers there, and after the step attaches
-them to the outputs the engine core sends to its front ends.
+``Scheduler.make_spec_decoding_stats`` receives, per verified request, the drafts it verified:
+the plugin counts chunk sizes there (SCV adds its chunk-0 steps). After the step, with vLLM's
+log stats on, the engine core attaches them (and NWOR's counters, read from the workers) to the
+scheduler stats it sends to its front ends. Per-request acceptance is vLLM's own
+(``--per-request-spec-decode-metrics``).
 
 Carriers. ``EngineCoreOutputs`` and ``SchedulerStats`` have fixed fields, so the plugin sends
-subclasses that add one trailing field each, and only when telemetry is on and there is
-something to send:
-
-- :class:`NworEngineCoreOutputs` adds ``spec_decode_step`` (which requests verified how many
-  drafts, and how many were accepted), for every step with speculative steps;
-- :class:`NworSchedulerStats` adds ``nwor`` (chunk sizes, NWOR counters) to the stats vLLM sends
-  with every step when log stats are on.
-
-msgspec encodes a subclass instance with its extra trailing field; a front end that decodes
-vLLM's own types ignores it, and the plugin's front end (``telemetry_frontend.py``) decodes the
-subclasses. Nothing rides on a field vLLM or users read (``kv_transfer_params`` and the like),
-and with telemetry off nothing is built, so the bytes on the wire are vLLM's own.
+subclasses: :class:`NworSchedulerStats` adds ``nwor`` (chunk sizes, NWOR counters), and
+:class:`NworEngineCoreOutputs` types its ``scheduler_stats`` so that the front end
+(``frontend.py``) decodes it. msgspec encodes a subclass instance with its extra trailing
+field; a front end that decodes vLLM's own types ignores it. Nothing rides on a field vLLM or
+users read, and with telemetry off nothing is built, so the bytes on the wire are vLLM's own.
 """
 
 from __future__ import annotations
@@ -26,7 +20,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.engine.core import EngineCore
@@ -36,7 +29,6 @@ from vllm_nwor._logging import get_logger
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.settings import plugin_config
 from vllm_nwor.telemetry.spec_decode import (
-    SpecDecodeStep,
     SpecStepStats,
     SpecTelemetry,
     combine_rank_counters,
@@ -73,10 +65,9 @@ class NworEngineCoreOutputs(
     omit_defaults=True,  # type: ignore[call-arg]
     gc=False,
 ):  # type: ignore[call-arg]
-    """vLLM's per-step outputs for one front end, plus the step's speculative steps."""
+    """vLLM's per-step outputs for one front end, its scheduler stats the plugin's."""
 
     scheduler_stats: NworSchedulerStats | None = None
-    spec_decode_step: SpecDecodeStep | None = None
 
 
 def telemetry_of(scheduler: Scheduler) -> SpecTelemetry | None:
@@ -125,36 +116,16 @@ def _wrap_make_spec_decoding_stats(make_spec_decoding_stats):
         )
         telemetry = telemetry_of(self)
         if telemetry is not None and num_draft_tokens:
-            invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
-            client_index = 0
-            if self.finished_req_ids_dict is not None:  # more than one front end
-                request = self.requests.get(request_id)
-                client_index = request.client_index if request is not None else 0
-            telemetry.observe_verify(
-                request_id,
-                num_draft_tokens - invalid,
-                num_accepted_tokens,
-                num_scheduled_drafts=num_draft_tokens,
-                client_index=client_index,
-            )
+            telemetry.observe_verify(num_draft_tokens)
         return stats
 
     return wrapper
 
 
 def attach_step(engine_core: EngineCore, outputs: dict[int, EngineCoreOutputs]) -> None:
-    """Puts the step's telemetry on the outputs the engine core is about to send."""
+    """Puts the step's numbers on the scheduler stats the engine core is about to send."""
     telemetry = telemetry_of(engine_core.scheduler)
-    if telemetry is None:
-        return
-    for client_index, step in telemetry.take_step().items():
-        eco = outputs.get(client_index)
-        if eco is None:  # a verified request always has an output; nothing to attach to
-            continue
-        outputs[client_index] = NworEngineCoreOutputs(
-            **msgspec.structs.asdict(eco), spec_decode_step=step
-        )
-    if not telemetry.collect_stats:
+    if telemetry is None or not telemetry.collect_stats:
         return
     if telemetry.wants_nwor_counters and telemetry.read_nwor_counters is None:
         telemetry.read_nwor_counters = _nwor_counter_reader(engine_core, telemetry)
@@ -206,17 +177,14 @@ PATCHES = [
         Scheduler,
         "make_spec_decoding_stats",
         _wrap_make_spec_decoding_stats,
-        why="Its caller, update_from_output, passes each verified request's exact draft and "
-        "accepted counts; record them per request. Retired by upstream's "
-        "--per-request-spec-decode-metrics (vLLM 0.33, scheduler observes "
-        "RequestSpecDecodeMetrics).",
+        why="Its caller, update_from_output, passes each verified request's drafts: count "
+        "the step's chunk sizes (vLLM's stats keep only their sum).",
     ),
     Patch(
         EngineCore,
         "_attach_iteration_details",
         _wrap_attach_iteration_details,
         why="Called right after update_from_output in both step() and step_with_batch_queue(), "
-        "with the outputs about to be sent: attach the step's acceptance counts and stats. "
-        "Retired by EngineCoreOutput.spec_decode_metrics (vLLM 0.33).",
+        "with the outputs about to be sent: attach the step's numbers to the scheduler stats.",
     ),
 ]
