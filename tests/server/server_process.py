@@ -53,11 +53,12 @@ def free_port() -> int:
 
 
 TEST_ARGS = (
-    "--dtype", "float32", "--max-model-len", "512", "--block-size", "16",
+    "--dtype", "float32", "--max-model-len", "512", "--block-size", "32",
     "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--enforce-eager", "--seed", "0",
 )
 """The telemetry tests' small engine: four requests, 64-token steps (chunked prefill on short
-prompts), blocks of 16, fp32 for exact comparisons; eager because the CPU has no graphs."""
+prompts), blocks of 32 (the CPU backend's smallest), fp32 for exact comparisons; eager because the
+CPU has no graphs."""
 
 
 class VllmServer:

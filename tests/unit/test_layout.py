@@ -3,7 +3,9 @@
 - the core (``nwor/``, ``scv/``, ``telemetry/``, ``config.py``) imports nothing of vLLM and
   nothing of ``vllm_nwor.patches`` (nor the façade modules that reach into it);
 - no module imports a ``_private`` name from another module;
-- the package's imports, as a graph of modules, have no cycle (deferred imports included).
+- the package's imports, as a graph of modules, have no cycle (deferred imports included);
+- a feature's patches (``patches/nwor``, ``patches/scv``, ``patches/telemetry``) import no other
+  feature's (what one leaves for another goes through ``patches/shared.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 CORE = ("vllm_nwor.nwor", "vllm_nwor.scv", "vllm_nwor.telemetry", "vllm_nwor.config")
 # What the core may import of the package besides itself: the logger helper.
 CORE_MAY_IMPORT = ("vllm_nwor._logging",)
+FEATURE_PATCHES = ("vllm_nwor.patches.nwor", "vllm_nwor.patches.scv",
+                   "vllm_nwor.patches.telemetry")
 
 
 def module_name(path: Path, root: Path = SRC) -> str:
@@ -74,6 +78,20 @@ def private_violations(mods: dict[str, Path]) -> list[str]:
             private = [n for n in names if n.startswith("_") and n != "__future__"]
             if private and target != "__future__":
                 bad.append(f"{name}:{line} imports {', '.join(private)} from {target}")
+    return bad
+
+
+def feature_violations(mods: dict[str, Path]) -> list[str]:
+    bad = []
+    for name, path in mods.items():
+        own = [f for f in FEATURE_PATCHES if in_package(name, f)]
+        if not own:
+            continue
+        for target, names, line in imports(path):
+            targets = [target, *(f"{target}.{n}" for n in names)]
+            others = {f for f in FEATURE_PATCHES if f != own[0]
+                      for t in targets if in_package(t, f)}
+            bad += [f"{name}:{line} imports {other}" for other in sorted(others)]
     return bad
 
 
@@ -141,13 +159,18 @@ def test_no_module_imports_a_private_name_from_another():
     assert private_violations(modules()) == []
 
 
+def test_a_features_patches_import_no_other_features():
+    assert feature_violations(modules()) == []
+
+
 def test_the_package_has_no_import_cycle():
     assert cycles(package_edges(import_graph(modules()))) == []
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path):
-    """A core module importing vLLM and the patches, a private name imported, and two modules
-    importing each other: each check finds its own."""
+    """A core module importing vLLM and the patches, a private name imported, two modules
+    importing each other, and one feature's patches importing another's: each check finds its
+    own."""
     fake = tmp_path / "vllm_nwor"
     (fake / "scv").mkdir(parents=True)
     (fake / "patches").mkdir()
@@ -158,7 +181,14 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
         "from vllm.config import VllmConfig\nfrom vllm_nwor.patches import a\n")
     (fake / "patches" / "a.py").write_text("def f():\n    from vllm_nwor.patches.b import _g\n")
     (fake / "patches" / "b.py").write_text("from vllm_nwor.patches import a\n_g = 1\n")
+    for feature in ("nwor", "scv"):
+        (fake / "patches" / feature).mkdir()
+        (fake / "patches" / feature / "__init__.py").write_text("")
+    (fake / "patches" / "scv" / "s.py").write_text(
+        "from vllm_nwor.patches.nwor import binding\nfrom vllm_nwor.patches import shared\n")
     mods = modules(tmp_path)
+    assert feature_violations(mods) == ["vllm_nwor.patches.scv.s:1 imports "
+                                        "vllm_nwor.patches.nwor"]
     assert len(core_violations(mods)) == 2
     assert private_violations(mods) == ["vllm_nwor.patches.a:2 imports _g from "
                                         "vllm_nwor.patches.b"]

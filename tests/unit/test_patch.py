@@ -1,8 +1,8 @@
-"""The Patch utility: idempotent, calls the original, refuses a second patch (no vLLM needed)."""
+"""The Patch utility: idempotent, calls the original, stacks in order (no vLLM needed)."""
 
 import pytest
 
-from vllm_nwor.patches._patch import Patch, PatchError, original
+from vllm_nwor.patches._patch import Patch, PatchError, applied_ids, original
 
 
 class Target:
@@ -17,9 +17,16 @@ def _shout(greet):
     return wrapper
 
 
-def _whisper(greet):
+def _one(greet):
     def wrapper(self, name):
-        return greet(self, name).lower()
+        return greet(self, name) + "1"
+
+    return wrapper
+
+
+def _two(greet):
+    def wrapper(self, name):
+        return greet(self, name) + "2"
 
     return wrapper
 
@@ -37,15 +44,21 @@ def test_apply_is_idempotent_and_calls_the_original():
     assert Target().greet("x") == "hello x"
 
 
-def test_a_different_patch_on_the_same_attribute_is_refused():
-    first = Patch(Target, "greet", _shout, why="first")
+def test_patches_on_one_attribute_run_in_the_order_applied_and_revert_from_the_outside():
+    first = Patch(Target, "greet", _one, why="first")
+    second = Patch(Target, "greet", _two, why="second")
     try:
-        first.apply()
-        with pytest.raises(PatchError, match="already patched"):
-            Patch(Target, "greet", _whisper, why="second").apply()
-        assert Target().greet("x") == "HELLO X"
+        assert first.apply() and second.apply()
+        assert Target().greet("x") == "hello x12"  # the first applied runs first (innermost)
+        assert first.is_applied() and second.is_applied()
+        assert first.apply() is False  # loaded again: nothing changes
+        assert applied_ids(Target.__dict__["greet"]) == [second.id, first.id]
+        with pytest.raises(PatchError, match="revert"):
+            first.revert()
     finally:
+        second.revert()
         first.revert()
+    assert Target().greet("x") == "hello x" and applied_ids(Target.__dict__["greet"]) == []
 
 
 def test_new_attributes_must_not_exist_and_replacements_must():

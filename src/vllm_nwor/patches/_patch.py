@@ -2,7 +2,9 @@
 
 A :class:`Patch` names its target attribute and builds the replacement from the original, which
 it keeps and calls. Applying a patch twice is a no-op (vLLM loads general plugins in every
-process, sometimes twice); a *different* patch on an attribute that is already patched is refused.
+process, sometimes twice). Several features may hook one attribute: each patch wraps what is
+there, so they run in the order they are applied (the registry's, ``patches/__init__.py``), the
+last applied outermost; a patch is reverted only from the outside in.
 """
 
 from __future__ import annotations
@@ -53,17 +55,14 @@ class Patch:
         return f"{self.attribute} <- {self.wrap.__module__}.{self.wrap.__qualname__}"
 
     def is_applied(self) -> bool:
-        current = self.target.__dict__.get(self.name)
-        return getattr(current, _MARK, None) == self.id
+        return self.id in applied_ids(self.target.__dict__.get(self.name))
 
     def apply(self) -> bool:
-        """Installs the patch. Returns False if it was already installed."""
+        """Installs the patch over whatever is there. Returns False if it was already
+        installed."""
         current = self.target.__dict__.get(self.name)
-        mark = getattr(current, _MARK, None)
-        if mark == self.id:
+        if self.id in applied_ids(current):
             return False
-        if mark is not None:
-            raise PatchError(f"{self.attribute} is already patched ({mark})")
         if self.new and current is not None:
             raise PatchError(f"{self.attribute} exists; the plugin only adds it to vLLM 0.26")
         if not self.new and current is None:
@@ -77,15 +76,28 @@ class Patch:
         return True
 
     def revert(self) -> None:
-        """Restores the original (used by tests)."""
+        """Restores what the patch replaced (used by tests). A patch with another applied over
+        it is refused: revert that one first."""
         current = self.target.__dict__.get(self.name)
-        if getattr(current, _MARK, None) != self.id:
+        ids = applied_ids(current)
+        if self.id not in ids:
             return
+        if ids[0] != self.id:
+            raise PatchError(f"{self.attribute}: revert {ids[0]} first")
         original = getattr(current, _ORIGINAL)
         if original is None:
             delattr(self.target, self.name)
         else:
             setattr(self.target, self.name, original)
+
+
+def applied_ids(attribute: Any) -> list[str]:
+    """The ids of the patches applied to an attribute, outermost first."""
+    ids = []
+    while (mark := getattr(attribute, _MARK, None)) is not None:
+        ids.append(mark)
+        attribute = getattr(attribute, _ORIGINAL)
+    return ids
 
 
 def original(replacement: Any) -> Any:

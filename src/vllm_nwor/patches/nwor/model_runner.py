@@ -31,7 +31,6 @@ from vllm_nwor.patches.nwor.binding import (
     NworBackend,
     interceptor_of,
 )
-from vllm_nwor.patches.scv import ngram_gpu
 from vllm_nwor.patches.settings import plugin_config
 from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at, thin_acceptance
 
@@ -142,7 +141,6 @@ def _check_one_kv_cache_group(runner: GPUModelRunner, layers: list[Attention]) -
 def _wrap_initialize_kv_cache(initialize_kv_cache):
     def wrapper(self, kv_cache_config, is_profiling: bool = False, **kwargs):
         initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling, **kwargs)
-        ngram_gpu.configure(self)
         bind(self, profiling=is_profiling)
 
     return wrapper

@@ -19,6 +19,7 @@ SCV is on is this process's setting, set when its runner allocates its KV cache
 from __future__ import annotations
 
 from vllm.v1.worker import gpu_model_runner
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.settings import plugin_config
@@ -30,6 +31,14 @@ def configure(runner) -> None:
     """This process's runner: whether its steps with no drafts skip the wait (SCV on)."""
     global _scv_on
     _scv_on = plugin_config(runner.vllm_config).scv != "off"
+
+
+def _wrap_initialize_kv_cache(initialize_kv_cache):
+    def wrapper(self, *args, **kwargs):
+        initialize_kv_cache(self, *args, **kwargs)
+        configure(self)
+
+    return wrapper
 
 
 def _wrap_update_scheduler_for_invalid_drafts(update_scheduler_for_invalid_drafts):
@@ -45,6 +54,13 @@ def _wrap_update_scheduler_for_invalid_drafts(update_scheduler_for_invalid_draft
 
 
 PATCHES = [
+    Patch(
+        GPUModelRunner,
+        "initialize_kv_cache",
+        _wrap_initialize_kv_cache,
+        why="Note whether SCV is on in this process, for the function below, which vLLM calls "
+        "without the runner.",
+    ),
     Patch(
         gpu_model_runner,
         "update_scheduler_for_invalid_drafts",

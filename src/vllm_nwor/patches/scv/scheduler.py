@@ -35,7 +35,7 @@ from vllm_nwor._logging import get_logger
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.scv.draft_sync import DRAFTED_ATTR
 from vllm_nwor.patches.settings import plugin_config
-from vllm_nwor.patches.telemetry.engine import telemetry_of
+from vllm_nwor.patches.shared import CHUNK_ZERO_ATTR
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk
 
 logger = get_logger(__name__)
@@ -182,18 +182,14 @@ def _wrap_update_after_schedule(update_after_schedule):
 
 
 def _count_chunk_zero(scheduler: Scheduler, policy: ChunkPolicy, scheduler_output) -> None:
-    """Telemetry: the requests of this step that run at chunk 0.
+    """For telemetry: the requests of this step that run at chunk 0 (``CHUNK_ZERO_ATTR``).
 
     Their drafts were cut by the plan of the previous step, still the current one here: a
     request planned at 0 and scheduled now decodes without drafts.
     """
-    telemetry = telemetry_of(scheduler)
-    if telemetry is None:
-        return
     plan = policy.current_plan()
-    telemetry.observe_chunk_zero(
-        sum(1 for req_id in scheduler_output.num_scheduled_tokens if plan.get(req_id) == 0)
-    )
+    scheduler.__dict__[CHUNK_ZERO_ATTR] = sum(
+        1 for req_id in scheduler_output.num_scheduled_tokens if plan.get(req_id) == 0)
 
 
 def _wrap_async_update_after_schedule(update_after_schedule):

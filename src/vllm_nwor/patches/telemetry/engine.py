@@ -28,6 +28,7 @@ from vllm.v1.metrics.stats import SchedulerStats
 from vllm_nwor._logging import get_logger
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.settings import plugin_config
+from vllm_nwor.patches.shared import CHUNK_ZERO_ATTR
 from vllm_nwor.telemetry.spec_decode import (
     SpecStepStats,
     SpecTelemetry,
@@ -73,11 +74,7 @@ class NworEngineCoreOutputs(
 def telemetry_of(scheduler: Scheduler) -> SpecTelemetry | None:
     """The scheduler's :class:`SpecTelemetry`, made on first use; None when telemetry is off.
 
-    SCV (``patches/scheduler.py``) reports its chunk-0 steps through it::
-
-        if (telemetry := telemetry_of(scheduler)) is not None:
-            telemetry.observe_chunk_zero(num_requests)
-    """
+    SCV's chunk-0 steps reach it through ``shared.CHUNK_ZERO_ATTR``."""
     telemetry = scheduler.__dict__.get(TELEMETRY_ATTR, _UNSET)
     if telemetry is _UNSET:
         telemetry = _new_telemetry(scheduler)
@@ -118,6 +115,16 @@ def _wrap_make_spec_decoding_stats(make_spec_decoding_stats):
         if telemetry is not None and num_draft_tokens:
             telemetry.observe_verify(num_draft_tokens)
         return stats
+
+    return wrapper
+
+
+def _wrap_update_after_schedule(update_after_schedule):
+    def wrapper(self, scheduler_output):
+        update_after_schedule(self, scheduler_output)
+        chunk_zero = self.__dict__.pop(CHUNK_ZERO_ATTR, 0)  # SCV's count, when SCV is on
+        if chunk_zero and (telemetry := telemetry_of(self)) is not None:
+            telemetry.observe_chunk_zero(chunk_zero)
 
     return wrapper
 
@@ -173,6 +180,13 @@ def _wrap_attach_iteration_details(attach_iteration_details):
 
 
 PATCHES = [
+    Patch(
+        Scheduler,
+        "_update_after_schedule",
+        _wrap_update_after_schedule,
+        why="After SCV planned the step (its patch of the same method runs first): count the "
+        "requests it scheduled at chunk 0.",
+    ),
     Patch(
         Scheduler,
         "make_spec_decoding_stats",
