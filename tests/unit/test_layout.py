@@ -4,8 +4,9 @@
   nothing of ``vllm_nwor.patches`` (nor the façade modules that reach into it);
 - no module imports a ``_private`` name from another module;
 - the package's imports, as a graph of modules, have no cycle (deferred imports included);
-- a feature's patches (``patches/nwor``, ``patches/scv``, ``patches/telemetry``) import no other
-  feature's (what one leaves for another goes through ``patches/shared.py``).
+- a feature's patches (``patches/nwor``, ``patches/scv``, ``patches/telemetry``,
+  ``patches/synthetic.py``) import no other feature's (what one leaves for another goes through
+  ``patches/shared.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ CORE = ("vllm_nwor.nwor", "vllm_nwor.scv", "vllm_nwor.telemetry", "vllm_nwor.con
 # What the core may import of the package besides itself: the logger helper.
 CORE_MAY_IMPORT = ("vllm_nwor._logging",)
 FEATURE_PATCHES = ("vllm_nwor.patches.nwor", "vllm_nwor.patches.scv",
-                   "vllm_nwor.patches.telemetry")
+                   "vllm_nwor.patches.telemetry", "vllm_nwor.patches.synthetic")
 
 
 def module_name(path: Path, root: Path = SRC) -> str:

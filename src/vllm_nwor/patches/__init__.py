@@ -3,9 +3,10 @@
 This package is the only place that touches vLLM internals. Each patch keeps the original and
 calls it; its ``why`` says what it does and what would retire it. The modules are grouped by
 feature: ``nwor/`` (staged KV writes and verify attention), ``scv/`` (per-request chunks),
-``telemetry/`` (the plugin's metrics); ``engine_args`` (the plugin's config), ``draft_window``
-(the draft context window), ``shared`` (what one feature leaves for another) and ``_patch`` (the
-utility) serve all of them. The feature packages never import each other.
+``telemetry/`` (the plugin's metrics), ``draft_window`` (the draft context window) and
+``synthetic`` (a benchmark feature); ``engine_args`` (the plugin's config), ``shared`` (what
+one feature leaves for another) and ``_patch`` (the utility) serve all of them. The feature
+packages never import each other.
 
 :func:`all_patches` is the one inventory: several features may hook one attribute, and they run
 in its order (the first applied innermost). ``python -m vllm_nwor.patches`` prints it as the
@@ -19,7 +20,7 @@ from vllm_nwor.patches._patch import Patch
 
 def all_patches() -> list[Patch]:
     """The patches applied when the plugin registers, in every process."""
-    from vllm_nwor.patches import draft_window, engine_args
+    from vllm_nwor.patches import draft_window, engine_args, synthetic
     from vllm_nwor.patches.nwor import (
         cpu_attn,
         engine_core,
@@ -40,6 +41,7 @@ def all_patches() -> list[Patch]:
 
     return [
         *engine_args.PATCHES,
+        *synthetic.PATCHES,
         *model_runner.PATCHES,
         *model_runner_v2.PATCHES,
         *cpu_attn.PATCHES,

@@ -1,21 +1,20 @@
 """Runner patches: bind NWOR to the target model's layers, begin each verify step, commit.
 
-vLLM 0.26's V1 ``GPUModelRunner`` (which ``CPUModelRunner`` reuses, and which runs ngram and
-draft_model on the GPU) goes through, per step::
+vLLM's V1 ``GPUModelRunner`` (which ``CPUModelRunner`` subclasses; on a GPU vLLM 0.32 runs it
+only with ``VLLM_USE_V2_MODEL_RUNNER=0``) goes through, per step::
 
     execute_model:  _prepare_inputs  -> target forward (every layer: KV write, attention)
     sample_tokens:  _sample (rejection sampling)  -> drafter  -> bookkeeping
 
 The plugin begins the verify step when ``_prepare_inputs`` has placed the drafts, and commits
 right after ``_sample``: after the verdict and before the drafter runs. The benchmark feature of
-per-request synthetic acceptance (:mod:`vllm_nwor.synthetic`) thins the verdict there too, before
-the commit, so every consumer (NWOR, the drafter, the scheduler) sees the same verdict.
+per-request synthetic acceptance (``patches/synthetic.py``) hooks ``_sample`` before NWOR, so
+its thinned verdict is the one every consumer (NWOR, the drafter, the scheduler) sees.
 """
 
 from __future__ import annotations
 
 import torch
-from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -32,12 +31,9 @@ from vllm_nwor.patches.nwor.binding import (
     interceptor_of,
 )
 from vllm_nwor.patches.settings import plugin_config
-from vllm_nwor.synthetic import EXTRA_ARGS_KEY, rate_at, thin_acceptance
+from vllm_nwor.patches.shared import one_verdict
 
 logger = get_logger(__name__)
-
-SYNTHETIC_ATTR = "_nwor_synthetic_acceptance"
-"""Set on the runner: whether per-request synthetic acceptance (a benchmark feature) is on."""
 
 
 def _backends() -> list[NworBackend]:
@@ -62,7 +58,6 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
     and which it then discards. It has no room for NWOR's scratch blocks, so NWOR stays unbound
     until the real cache exists."""
     config = plugin_config(runner.vllm_config)
-    setattr(runner, SYNTHETIC_ATTR, config.synthetic_acceptance_per_request)
     setattr(runner, INTERCEPTOR_ATTR, None)
     if not config.nwor or profiling:
         return None
@@ -173,51 +168,14 @@ def _wrap_prepare_inputs(prepare_inputs):
     return wrapper
 
 
-def _request_rates(runner: GPUModelRunner, num_reqs: int) -> torch.Tensor:
-    """Each batch row's synthetic acceptance rate (1 where the request sets none)."""
-    rates = []
-    for req_id in runner.input_batch.req_ids[:num_reqs]:
-        state = runner.requests[req_id]
-        extra = state.sampling_params.extra_args if state.sampling_params else None
-        spec = extra.get(EXTRA_ARGS_KEY) if extra else None
-        rates.append(rate_at(spec, len(state.output_token_ids)))
-    host = torch.tensor(rates, dtype=torch.float32)
-    if runner.device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(runner.device, non_blocking=True)
-
-
-def _one_verdict(sampler_output) -> None:
-    """Under tensor parallelism, every rank takes the first rank's verdict.
-
-    Each rank samples on its own copy of the all-gathered logits, and the scheduler sees the
-    first rank's result. Every rank commits its own heads, so all must commit the same prefix;
-    rather than trust that their samplers agree (a seeded draw, the synthetic thinning, or a
-    reduction that rounds differently on one rank would break it), the accepted tokens are
-    broadcast from the first rank before any consumer on any rank reads them: NWOR's commit,
-    the drafter and vLLM's bookkeeping. One small collective per verify step.
-    """
-    group = get_tp_group()
-    if group.world_size == 1:
-        return
-    sampled = sampler_output.sampled_token_ids.contiguous()
-    sampler_output.sampled_token_ids = group.broadcast(sampled, src=0)
-
-
 def _wrap_sample(sample):
     def wrapper(self, logits, spec_decode_metadata):
         sampler_output = sample(self, logits, spec_decode_metadata)
         if spec_decode_metadata is None:
             return sampler_output
-        synthetic = getattr(self, SYNTHETIC_ATTR, False)
-        if synthetic:
-            sampled = sampler_output.sampled_token_ids
-            sampler_output.sampled_token_ids = thin_acceptance(
-                sampled, _request_rates(self, sampled.shape[0])
-            )
         interceptor = interceptor_of(self)
-        if interceptor is not None or synthetic:  # the same on every rank: one collective
-            _one_verdict(sampler_output)
+        if interceptor is not None:  # the same verdict on every rank: one collective
+            one_verdict(sampler_output)
         if interceptor is not None and interceptor.step is not None:
             interceptor.commit(sampler_output.sampled_token_ids)
         return sampler_output
@@ -245,7 +203,6 @@ PATCHES = [
         "_sample",
         _wrap_sample,
         why="Commit the accepted drafts right after rejection sampling, before the drafter "
-        "runs (and, as a benchmark feature, thin the verdict per request first). Its only "
-        "caller is sample_tokens.",
+        "runs. Its only caller is sample_tokens.",
     ),
 ]
