@@ -32,14 +32,12 @@ import torch
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import get_forward_context
 from vllm.platforms import current_platform
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor.nwor.staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
     staged_binding,
-    wrap_capture_model,
     wrap_kv_cache_update,
 )
 
@@ -164,13 +162,5 @@ PATCHES = [
         _wrap_forward,
         why="In a staged verify step: vLLM's own attention over a block table in which each "
         "drafting request's last blocks are scratch blocks holding the step's chunk.",
-    ),
-    Patch(
-        GPUModelRunner,
-        "capture_model",
-        wrap_capture_model,
-        why="While vLLM warms up and captures its CUDA graphs, bound layers called with more "
-        "than one token per request take the staged path, so FULL graphs of verify batches "
-        "stage drafts (NworInterceptor.stage_for_graph).",
     ),
 ]

@@ -29,6 +29,7 @@ from vllm_nwor.patches.nwor.binding import (
     LayerBinding,
     NworBackend,
     interceptor_of,
+    wrap_capture_model,
 )
 from vllm_nwor.patches.settings import plugin_config
 from vllm_nwor.patches.shared import one_verdict
@@ -204,5 +205,13 @@ PATCHES = [
         _wrap_sample,
         why="Commit the accepted drafts right after rejection sampling, before the drafter "
         "runs. Its only caller is sample_tokens.",
+    ),
+    Patch(
+        GPUModelRunner,
+        "capture_model",
+        wrap_capture_model,
+        why="While vLLM warms up and captures its CUDA graphs, bound layers called with more "
+        "than one token per request take the staged path, so FULL graphs of verify batches "
+        "stage drafts (NworInterceptor.stage_for_graph).",
     ),
 ]
