@@ -58,8 +58,8 @@ def register() -> None:
         return
     initialize_kv_cache = GPUModelRunner.initialize_kv_cache
 
-    def wrapper(self, kv_cache_config, is_profiling: bool = False):
-        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling)
+    def wrapper(self, kv_cache_config, is_profiling: bool = False, **kwargs):
+        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling, **kwargs)
         if not is_profiling:
             StepAudit.attach(self)
 
@@ -69,8 +69,9 @@ def register() -> None:
 
 
 def _register_v2() -> None:
-    """The same on vLLM's V2 model runner (no profiling KV cache there). Its start-up warm-up
-    steps are audited too; NWOR zeroes its counters after them (``_after_step`` sees it)."""
+    """The same on vLLM's V2 model runner (its profiling KV cache left alone). Its start-up
+    warm-up steps are audited too; NWOR zeroes its counters after them (``_after_step`` sees
+    it)."""
     try:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
     except ImportError:
@@ -79,9 +80,10 @@ def _register_v2() -> None:
         return
     initialize_kv_cache = GPUModelRunnerV2.initialize_kv_cache
 
-    def wrapper(self, kv_cache_config):
-        initialize_kv_cache(self, kv_cache_config)
-        StepAudit.attach(self)
+    def wrapper(self, kv_cache_config, is_profiling: bool = False, **kwargs):
+        initialize_kv_cache(self, kv_cache_config, is_profiling=is_profiling, **kwargs)
+        if not is_profiling:
+            StepAudit.attach(self)
 
     GPUModelRunnerV2.initialize_kv_cache = wrapper
     GPUModelRunnerV2._soak_audit = True

@@ -40,6 +40,8 @@ def full_decode_shapes(eagle_pair, decode_query_len: int, **keys) -> tuple[list,
     manager.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     manager.decode_query_len, manager.lora_capture_cases = decode_query_len, [0]
     manager.use_breakable_cg, manager._candidates, manager._capture_descs = False, {}, {}
+    # vLLM 0.32: varlen decode graphs only with adaptive verification; no dual-batch overlap.
+    manager.varlen_decode, manager.ubatch_runner = False, None
     manager._init_candidates()
     shapes = sorted({(d.uniform_token_count, d.num_tokens)
                      for d in manager._capture_descs[CUDAGraphMode.FULL]})
