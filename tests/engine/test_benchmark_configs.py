@@ -233,8 +233,11 @@ def test_slow_steps_show_where_the_host_was():
     for slow_step in (False, True, False):
         llm.llm_engine.step(slow_step)
     assert len(slow) == 1 and slow[0]["ms"] >= 120
-    (count, stack), *_ = slow[0]["stacks"]
-    assert count >= 5 and stack.split(" < ")[0].endswith("held_on_purpose")
+    # Every thread is sampled: idle threads earlier tests left in this process may outnumber
+    # the stepping one, so its stack need not be the most common.
+    held = [count for count, stack in slow[0]["stacks"]
+            if stack.split(" < ")[0].endswith("held_on_purpose")]
+    assert held and held[0] >= 5, slow[0]["stacks"]
 
 
 def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
