@@ -153,13 +153,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def args_note() -> str | None:
-    """``--note TEXT`` with ``--merge``: how the run was placed, recorded in the result."""
-    return sys.argv[sys.argv.index("--note") + 1] if "--note" in sys.argv else None
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--probe"]:
-        Path(sys.argv[3]).write_text(json.dumps(run_engine(json.loads(sys.argv[2]))))
-    elif (args := parse_or_merge(parser(), lambda j, r: merge(j, r, args_note()))) is not None:
+    cli = parser()
+    args = parse_or_merge(cli, lambda jsonl, result: merge(jsonl, result, cli.parse_args().note))
+    if args is not None and args.probe:
+        spec_json, out = args.probe
+        Path(out).write_text(json.dumps(run_engine(json.loads(spec_json))))
+    elif args is not None:
         main(args)

@@ -465,6 +465,14 @@ def summary(output, sampled: bool) -> dict:
     }
 
 
+def use_compile_caches(root: Path) -> None:
+    """vLLM's, Inductor's and Triton's compile caches under ``root`` for this process and its
+    workers (set before the engine starts)."""
+    os.environ.update(VLLM_CACHE_ROOT=str(root / "vllm"),
+                      TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
+                      TRITON_CACHE_DIR=str(root / "triton"))
+
+
 def run_engine(spec: dict) -> dict:
     """One engine (in this process, its workers beside it under tensor parallelism): the
     rounds, the cache audit, the counters."""
@@ -476,15 +484,10 @@ def run_engine(spec: dict) -> dict:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if spec["case"].get("fresh_compile"):  # caches of its own: nothing compiled is reused
-        fresh = Path(tempfile.mkdtemp(prefix="fresh-compile-"))
-        os.environ.update(VLLM_DISABLE_COMPILE_CACHE="1", VLLM_CACHE_ROOT=str(fresh / "vllm"),
-                          TORCHINDUCTOR_CACHE_DIR=str(fresh / "inductor"),
-                          TRITON_CACHE_DIR=str(fresh / "triton"))
+        os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        use_compile_caches(Path(tempfile.mkdtemp(prefix="fresh-compile-")))
     if spec.get("cache_dir"):  # the pair's own caches, empty before its first engine
-        cache = Path(spec["cache_dir"])
-        os.environ.update(VLLM_CACHE_ROOT=str(cache / "vllm"),
-                          TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-                          TRITON_CACHE_DIR=str(cache / "triton"))
+        use_compile_caches(Path(spec["cache_dir"]))
     import gc
 
     from cache_audit import (
