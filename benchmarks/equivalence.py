@@ -231,6 +231,9 @@ def cases_8b() -> list[Case]:
         Case("aa_tp2_wide_prompts_8b_ngram", method="ngram", engine_process=True,
              engine=tp_engine, nwor_both=True, **tp,
              why="A/A: NWOR off twice, tensor_parallel_size=2"),
+        Case("aa_pressure_8b_ngram_in_process", method="ngram", engine=pressure_engine,
+             nwor_both=True, **pressure,
+             why="A/A: NWOR off twice, KV pressure, the engine core in this process"),
         Case("neg_pressure_8b_ngram_in_process", method="ngram", engine=pressure_engine,
              nwor_kv_short=64, **pressure,
              why="the negative control of the pressure rows: the NWOR side's KV cache 64 "
