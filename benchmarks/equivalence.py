@@ -71,7 +71,7 @@ class Case:
     two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
     preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
     kv_tokens: int = 768  # with ``preempt``: the KV cache the scheduler may hand out, in tokens
-    nwor_kv_short: int = 0  # a negative control: the NWOR side's KV cache this many tokens short
+    nwor_kv_extra: int = 0  # a negative control: the NWOR side's KV cache this many tokens larger
     structured: bool = False  # the structured-output workload instead of rounds 1-4
     workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
     engine_process: bool = False  # the engine core in a process of its own (LLM's default)
@@ -235,9 +235,10 @@ def cases_8b() -> list[Case]:
              nwor_both=True, **pressure,
              why="A/A: NWOR off twice, KV pressure, the engine core in this process"),
         Case("neg_pressure_8b_ngram_in_process", method="ngram", engine=pressure_engine,
-             nwor_kv_short=64, **pressure,
+             nwor_kv_extra=64, **pressure,
              why="the negative control of the pressure rows: the NWOR side's KV cache 64 "
-             "tokens short, so its schedule, and then its tokens, must part"),
+             "tokens larger (smaller leaves it less than one request of max_model_len), so "
+             "its schedule, and then its tokens, must part"),
         Case("aa_tp2_wide_prompts_8b_ngram_cold_cache", method="ngram", engine=tp_engine,
              nwor_both=True, cold_cache=True, **tp,
              why="A/A: NWOR off twice, the engine core in this process; the first engine "
@@ -439,7 +440,7 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         max_num_seqs = case.engine.get("max_num_seqs", kwargs["max_num_seqs"])
         reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1] if on_cuda else 0
         kwargs["num_gpu_blocks_override"] = (case.kv_tokens // block_size
-                                             + ((reserved - case.nwor_kv_short // block_size)
+                                             + ((reserved + case.nwor_kv_extra // block_size)
                                                 if nwor else 0))
     # A case's None restores vLLM's own default for a key the harness sets.
     return {k: v for k, v in {**kwargs, **case.engine}.items() if v is not None}
@@ -852,7 +853,7 @@ def model_paths(model: dict, root: Path) -> tuple[str, str]:
 def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
     """One result file from runs split over several calls (a device call runs a few cases):
     each case's checks recomputed by this code; runs of another plugin commit (the fix taken
-    out) and cases that are negative controls (``nwor_kv_short``) go under
+    out) and cases that are negative controls (``nwor_kv_extra``) go under
     ``negative_controls``."""
     from harness.results import write_json
 
@@ -865,7 +866,7 @@ def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
             if case is not None and "error" not in row and not case.nwor_both:
                 row["checks_failed"] = checks(row, case)
             same_commit = run["commit"].split("+")[0] == payload["commit"].split("+")[0]
-            if same_commit and not (case and case.nwor_kv_short):
+            if same_commit and not (case and case.nwor_kv_extra):
                 payload["cases"].append(row | {"commit": run["commit"]})
             else:
                 payload.setdefault("negative_controls", []).append(row | {"commit": run["commit"]})
