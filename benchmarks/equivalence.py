@@ -71,6 +71,7 @@ class Case:
     two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
     preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
     kv_tokens: int = 768  # with ``preempt``: the KV cache the scheduler may hand out, in tokens
+    nwor_kv_extra: int = 0  # a negative control: the NWOR side's KV cache this many tokens larger
     structured: bool = False  # the structured-output workload instead of rounds 1-4
     workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
     engine_process: bool = False  # the engine core in a process of its own (LLM's default)
@@ -187,7 +188,7 @@ def cases(on_cuda: bool) -> list[Case]:
 def cases_8b() -> list[Case]:
     """Llama-3-8B's attention (4 random-weight layers) under load on the GPU: KV pressure at
     vLLM's LLM batch defaults on an H200 (1,024 sequences, 16,384 tokens) with a KV cache of
-    6,144 tokens for 24 requests of 460-660, and tensor parallelism 2 with 48 prompts of
+    2,048 tokens for 24 requests of 460-660, and tensor parallelism 2 with 48 prompts of
     500-1,500 tokens over a 1,024-token budget (batch 32).
 
     ``*_in_process``: the engine core in the caller's process, stepped as requests are added
@@ -199,7 +200,7 @@ def cases_8b() -> list[Case]:
     empty caches and the second loads what it wrote (vLLM's compile cache leaves the prefix
     caching setting out of its key, so a case pair with prefix caching on and one with it off
     may meet either)."""
-    pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=6144, workload="pressure_long")
+    pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=2048, workload="pressure_long")
     pressure_engine = dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384)
     tp = dict(k=4, model=MODEL_8B, tensor_parallel_size=2, workload="long_prompts_wide")
     tp_engine = dict(max_model_len=None, max_num_seqs=32, max_num_batched_tokens=1024)
@@ -231,6 +232,14 @@ def cases_8b() -> list[Case]:
         Case("aa_tp2_wide_prompts_8b_ngram", method="ngram", engine_process=True,
              engine=tp_engine, nwor_both=True, **tp,
              why="A/A: NWOR off twice, tensor_parallel_size=2"),
+        Case("aa_pressure_8b_ngram_in_process", method="ngram", engine=pressure_engine,
+             nwor_both=True, **pressure,
+             why="A/A: NWOR off twice, KV pressure, the engine core in this process"),
+        Case("neg_pressure_8b_ngram_in_process", method="ngram", engine=pressure_engine,
+             nwor_kv_extra=64, **pressure,
+             why="the negative control of the pressure rows: the NWOR side's KV cache 64 "
+             "tokens larger (smaller leaves it less than one request of max_model_len), so "
+             "its schedule, and then its tokens, must part"),
         Case("aa_tp2_wide_prompts_8b_ngram_cold_cache", method="ngram", engine=tp_engine,
              nwor_both=True, cold_cache=True, **tp,
              why="A/A: NWOR off twice, the engine core in this process; the first engine "
@@ -432,7 +441,8 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         max_num_seqs = case.engine.get("max_num_seqs", kwargs["max_num_seqs"])
         reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1] if on_cuda else 0
         kwargs["num_gpu_blocks_override"] = (case.kv_tokens // block_size
-                                             + (reserved if nwor else 0))
+                                             + ((reserved + case.nwor_kv_extra // block_size)
+                                                if nwor else 0))
     # A case's None restores vLLM's own default for a key the harness sets.
     return {k: v for k, v in {**kwargs, **case.engine}.items() if v is not None}
 
@@ -844,7 +854,8 @@ def model_paths(model: dict, root: Path) -> tuple[str, str]:
 def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
     """One result file from runs split over several calls (a device call runs a few cases):
     each case's checks recomputed by this code; runs of another plugin commit (the fix taken
-    out: ``--negative-control``) go under ``negative_controls``."""
+    out) and cases that are negative controls (``nwor_kv_extra``) go under
+    ``negative_controls``."""
     from harness.results import write_json
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
@@ -855,7 +866,8 @@ def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
             case = known.get(row["name"])
             if case is not None and "error" not in row and not case.nwor_both:
                 row["checks_failed"] = checks(row, case)
-            if run["commit"].split("+")[0] == payload["commit"].split("+")[0]:
+            same_commit = run["commit"].split("+")[0] == payload["commit"].split("+")[0]
+            if same_commit and not (case and case.nwor_kv_extra):
                 payload["cases"].append(row | {"commit": run["commit"]})
             else:
                 payload.setdefault("negative_controls", []).append(row | {"commit": run["commit"]})
