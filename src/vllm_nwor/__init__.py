@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from vllm_nwor.config import NworConfig, NworConfigError
 from vllm_nwor.inspect import get_counters, runner_counters
-from vllm_nwor.nwor.staging import NworCounters
+from vllm_nwor.nwor.counters import NworCounters
 
 __version__ = "0.1.0"
 

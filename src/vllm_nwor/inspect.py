@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from vllm_nwor.nwor.staging import NworCounters
+from vllm_nwor.nwor.counters import NworCounters
 from vllm_nwor.telemetry.spec_decode import combine_rank_counters
 
 __all__ = [

@@ -39,11 +39,10 @@ seen staging is a graph replay, and the graph staged every layer.
 
 from __future__ import annotations
 
-import enum
 import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError
+from vllm_nwor.nwor.counters import FallbackReason, NworCounters
 from vllm_nwor.nwor.kernels.commit_kv import (
     CommitKV,
     Verdict,
@@ -94,18 +94,6 @@ verdict)`` writes, through vLLM's write path, what the stage kept out of the cac
 ``layers`` in the step's ``num_rows`` rows: the rows the verdict accepted (counting the accepted
 drafts into ``verdict.committed``), or without a verdict every row, as vLLM would have written
 them. Every fallback goes through it."""
-
-
-class FallbackReason(str, enum.Enum):
-    """Why a verify step took vLLM's plain write path."""
-
-    OVERFLOW = "overflow"  # more draft tokens than staging takes (max_num_seqs x k at most)
-    FAKE_TENSOR = "fake_tensor"  # called with fake/meta tensors (tracing, compile)
-    SLOT_MAPPING = "slot_mapping_mismatch"  # a layer brought a different slot mapping
-    STAGE_ERROR = "stage_error"  # staging raised
-    INCOMPLETE = "incomplete_staging"  # commit found a layer that never staged
-    COMMIT_ERROR = "commit_error"  # the commit raised; plain writes committed instead
-    NO_COMMIT = "no_commit"  # a step ended without a commit
 
 
 class StagingOverflow(ValueError):
@@ -410,28 +398,6 @@ class StagingBuffer:
         """The staged K/V of ``layer_idx``: ``[num_tokens, num_kv_heads, head_size]`` each."""
         n = self.num_tokens
         return self.key[layer_idx, :n], self.value[layer_idx, :n]
-
-
-@dataclass(frozen=True)
-class NworCounters:
-    """What NWOR did, in unique tokens (not layer x token operations)."""
-
-    verify_steps_staged: int = 0
-    tokens_staged: int = 0
-    tokens_committed: int = 0
-    tokens_rejected: int = 0
-    kv_bytes_not_written: int = 0
-    fallbacks: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return {
-            "verify_steps_staged": self.verify_steps_staged,
-            "tokens_staged": self.tokens_staged,
-            "tokens_committed": self.tokens_committed,
-            "tokens_rejected": self.tokens_rejected,
-            "kv_bytes_not_written": self.kv_bytes_not_written,
-            "fallbacks": dict(self.fallbacks),
-        }
 
 
 def _real(tensor: torch.Tensor) -> bool:
