@@ -652,7 +652,7 @@ def time_nwor_host(llm) -> dict | None:
 
     def install(worker) -> bool:
         from vllm_nwor.inspect import interceptor_of
-        from vllm_nwor.nwor.staging import VerifyStep
+        from vllm_nwor.nwor.verify_step import VerifyStep
 
         interceptor = interceptor_of(worker.model_runner)
         if interceptor is None:

@@ -55,7 +55,7 @@ from nwor_layer_host import (  # noqa: E402
     VLLM_UPDATE,
     Step,
 )
-from vllm_nwor.nwor.staging import VerifyStep  # noqa: E402
+from vllm_nwor.nwor.verify_step import VerifyStep  # noqa: E402
 
 CASES = [(1, 4), (8, 4), (32, 4), (128, 4), (256, 4), (8, 8), (32, 8)]  # batch, k (uniform)
 

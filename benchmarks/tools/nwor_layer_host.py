@@ -63,7 +63,8 @@ from harness.results import (  # noqa: E402
 from vllm_nwor import patches  # noqa: E402
 from vllm_nwor.nwor.kernels._common import Launcher  # noqa: E402
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks  # noqa: E402
-from vllm_nwor.nwor.staging import IndexUploader, NworInterceptor, StagingBuffer, VerifyStep  # noqa: E402
+from vllm_nwor.nwor.staging import NworInterceptor, StagingBuffer  # noqa: E402
+from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep  # noqa: E402
 from vllm_nwor.patches._patch import original  # noqa: E402
 from vllm_nwor.patches.nwor import flash_attn as nwor_fa  # noqa: E402
 from vllm_nwor.patches.nwor.binding import BINDING_ATTR, LayerBinding, wrap_kv_cache_update  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_nwor.nwor.staging import VerifyStep
+from vllm_nwor.nwor.verify_step import VerifyStep
 from vllm_nwor.patches.nwor.model_runner_v2 import verdict_ids
 
 

@@ -169,7 +169,7 @@ def test_commit_kv_reads_the_samplers_verdict_like_the_reference(pattern, head_s
                                                                  num_kv_heads, block_size):
     """With the verdict read in the kernel: a request's last sampled token and its accepted
     drafts are copied, rejected drafts are not, and the accepted drafts are counted."""
-    from vllm_nwor.nwor.staging import VerifyStep
+    from vllm_nwor.nwor.verify_step import VerifyStep
 
     torch.manual_seed(11)
     counts = [1] if pattern == "one" else [3, 0, 5, 2, 1]  # drafts per request
@@ -206,7 +206,7 @@ def test_a_steps_commit_launches_the_compiled_kernel(monkeypatch):
     """The commit as a verify step makes it (its verdict's indices from the step's one upload)
     goes through the JIT once, then through the compiled kernel, with the reference's bytes."""
     from vllm_nwor.nwor.kernels import commit_kv as module
-    from vllm_nwor.nwor.staging import IndexUploader, VerifyStep
+    from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep
 
     launcher = module._COMMIT
     jit = _CountingJit(launcher.kernel)

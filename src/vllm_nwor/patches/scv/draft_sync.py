@@ -33,7 +33,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.nwor.staging import IndexUploader
+from vllm_nwor.nwor.verify_step import IndexUploader
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.settings import plugin_config
 
