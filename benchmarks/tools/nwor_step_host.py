@@ -44,7 +44,7 @@ PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks
     "begin": ("vllm_nwor.nwor.staging", "NworInterceptor", "begin"),
     "commit": ("vllm_nwor.nwor.staging", "NworInterceptor", "commit"),
     "verdict": ("vllm_nwor.nwor.verify_step", "VerifyStep", "verdict"),
-    "scratch_commit": ("vllm_nwor.nwor.staging", "ScratchStaging", "commit"),
+    "scratch_commit": ("vllm_nwor.nwor.kv_staging", "ScratchStaging", "commit"),
     "launch": ("vllm_nwor.nwor.kernels._common", "Launcher", "__call__"),
 }
 

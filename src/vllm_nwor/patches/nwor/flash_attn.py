@@ -33,7 +33,7 @@ import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import get_forward_context
 from vllm.platforms import current_platform
 
-from vllm_nwor.nwor.staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
+from vllm_nwor.nwor.kv_staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
