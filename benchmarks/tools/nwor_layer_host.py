@@ -61,10 +61,10 @@ from harness.results import (  # noqa: E402
     write_json,
 )
 from vllm_nwor import patches  # noqa: E402
+from vllm_nwor.nwor.interceptor import NworInterceptor  # noqa: E402
 from vllm_nwor.nwor.kernels._common import Launcher  # noqa: E402
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks  # noqa: E402
 from vllm_nwor.nwor.kv_staging import StagingBuffer  # noqa: E402
-from vllm_nwor.nwor.staging import NworInterceptor  # noqa: E402
 from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep  # noqa: E402
 from vllm_nwor.patches._patch import original  # noqa: E402
 from vllm_nwor.patches.nwor import flash_attn as nwor_fa  # noqa: E402

@@ -41,8 +41,8 @@ from nwor_overhead import engine_kwargs  # noqa: E402
 
 PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks is skipped
     "from_batch": ("vllm_nwor.nwor.verify_step", "VerifyStep", "from_batch"),
-    "begin": ("vllm_nwor.nwor.staging", "NworInterceptor", "begin"),
-    "commit": ("vllm_nwor.nwor.staging", "NworInterceptor", "commit"),
+    "begin": ("vllm_nwor.nwor.interceptor", "NworInterceptor", "begin"),
+    "commit": ("vllm_nwor.nwor.interceptor", "NworInterceptor", "commit"),
     "verdict": ("vllm_nwor.nwor.verify_step", "VerifyStep", "verdict"),
     "scratch_commit": ("vllm_nwor.nwor.kv_staging", "ScratchStaging", "commit"),
     "launch": ("vllm_nwor.nwor.kernels._common", "Launcher", "__call__"),

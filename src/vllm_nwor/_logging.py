@@ -7,5 +7,5 @@ import logging
 
 
 def get_logger(module_name: str) -> logging.Logger:
-    """``vllm_nwor.nwor.staging`` logs as ``vllm.nwor.staging``."""
+    """``vllm_nwor.nwor.interceptor`` logs as ``vllm.nwor.nwor.interceptor``."""
     return logging.getLogger("vllm.nwor." + module_name.removeprefix("vllm_nwor."))

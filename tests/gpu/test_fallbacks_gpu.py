@@ -12,9 +12,9 @@ import torch
 from test_kernels import DTYPE, SENTINEL, layer_caches, rows
 
 from conftest import DEVICE
+from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.nwor.kv_staging import ScratchStaging, StagingBuffer
-from vllm_nwor.nwor.staging import NworInterceptor
 from vllm_nwor.nwor.verify_step import VerifyStep
 
 pytestmark = pytest.mark.interpretable

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from vllm_nwor.nwor.counters import FallbackReason
+from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels._common import HAS_TRITON, next_power_of_2, triton
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.nwor.kv_staging import PAD_SLOT_ID, ScratchStaging, StagingBuffer
-from vllm_nwor.nwor.staging import NworInterceptor
 from vllm_nwor.nwor.verify_step import IndexUploader, StagingOverflow, VerifyStep
 
 SENTINEL = -777.0
@@ -641,7 +641,7 @@ def test_a_graph_step_with_some_layers_run_in_python_is_incomplete():
 def test_core_modules_import_without_vllm():
     code = (
         "import sys, vllm_nwor, vllm_nwor.nwor.counters, vllm_nwor.nwor.kv_staging, "
-        "vllm_nwor.nwor.staging, vllm_nwor.nwor.verify_step, vllm_nwor.nwor.attention, "
+        "vllm_nwor.nwor.interceptor, vllm_nwor.nwor.verify_step, vllm_nwor.nwor.attention, "
         "vllm_nwor.nwor.kv_layout, vllm_nwor.scv, vllm_nwor.telemetry, vllm_nwor.config, "
         "vllm_nwor.inspect, vllm_nwor.plugin; "
         "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')], 'vllm'"

@@ -1,6 +1,6 @@
 """SCV (Speculative Chunk Verify): each request's verify chunk sized from its own acceptance.
 
-Terms (see also :mod:`vllm_nwor.staging`):
+Terms (see also :mod:`vllm_nwor.nwor`):
 
 spec chunk
     One request's drafts verified in one step (:class:`SpecChunk`). Its accepted prefix is what

@@ -16,8 +16,8 @@ from vllm.model_executor.layers.attention.attention import Attention
 from vllm.v1.attention.backend import AttentionType
 
 from vllm_nwor.config import NworConfigError, unsupported_kv_cache_dtype
+from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kv_staging import CommitFn, StageFn, WriteBackFn
-from vllm_nwor.nwor.staging import NworInterceptor
 
 INTERCEPTOR_ATTR = "_nwor_interceptor"
 """Set on the runner: its :class:`NworInterceptor`, or None when NWOR is off."""

@@ -20,8 +20,8 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError
+from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kv_staging import StagingBuffer
-from vllm_nwor.nwor.staging import NworInterceptor
 from vllm_nwor.nwor.verify_step import IndexUploader
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor import cpu_attn, flash_attn

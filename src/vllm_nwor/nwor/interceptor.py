@@ -1,27 +1,5 @@
-"""The staging core of NWOR (No-Write-On-Reject). Pure torch: nothing here imports vLLM.
-
-Terms used throughout the package:
-
-verify step
-    One forward of the target model in which at least one request carries draft tokens.
-draft row
-    A row of the step's flattened token batch that holds a draft token. As in vLLM, the drafts
-    of request ``i`` are its last ``num_draft_tokens[i]`` scheduled tokens; the rows before them
-    (the request's last sampled token, or prompt tokens) are not drafts.
-staged
-    A draft row whose K/V sits in the :class:`StagingBuffer` instead of the paged KV cache.
-chunk
-    One request's rows in one verify step: its last sampled token and its drafts (or a prompt
-    chunk, for a request without drafts). Verify attention sees the chunk from the layer's own
-    key/value inputs, so staged drafts are visible without being in the cache.
-committed
-    A staged token whose draft rejection sampling accepted. Its K/V is written to the paged KV
-    cache for every layer, through the one slot mapping all layers share.
-rejected
-    A staged token whose draft was rejected. Its K/V never reaches the paged KV cache.
-fallback
-    The step takes vLLM's plain write path for every token that must be in the cache. Counted by
-    :class:`FallbackReason`. A fallback never loses an accepted token's K/V.
+"""Routes the target model's KV writes in verify steps: stages the drafts, then commits the
+accepted ones or falls back to vLLM's write path. The terms are defined in :mod:`vllm_nwor.nwor`.
 
 The :class:`NworInterceptor` decides *once per verify step, for all layers at once*, whether the
 step is staged. Its lifecycle is::
