@@ -34,9 +34,11 @@ step's CUDA graph mode, custom all-reduce, NWOR's FULL-graph steps). Every rank 
 the same steps and verdicts and counted the same tokens, and on CUDA replayed FULL graphs for
 verify steps with custom all-reduce on.
 
-    python benchmarks/equivalence.py [--cases NAME,...] [--out JSON]   # the matrix
+    python -m benchmarks.equivalence [--cases NAME,...] [--out JSON]   # the matrix
     (tests/gpu/test_tensor_parallel_gpu.py runs the tp2_* cases and checks every claim above)
-    python benchmarks/equivalence.py --probe SPEC_JSON OUT_JSON          # one engine
+    python -m benchmarks.equivalence --probe SPEC_JSON OUT_JSON          # one engine
+
+(from the repository root, as every benchmark: ``benchmarks`` is a package)
 """
 
 from __future__ import annotations
@@ -654,6 +656,7 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (pythonpath, env.get("PYTHONPATH")) if p)
 
+        load_plugin(str(HERE.parent.resolve()))  # the repository root: ``-m benchmarks...``
         if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
             load_plugin(soak_audit.install(Path(tmp) / "site"))
             env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
@@ -663,9 +666,9 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             env[engine_trace.ENV_DIR] = spec["trace"]
             Path(spec["trace"]).mkdir(parents=True, exist_ok=True)
         try:
-            proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec),
-                                   str(out)], capture_output=True, text=True, timeout=timeout,
-                                  env=env)
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.equivalence", "--probe",
+                                   json.dumps(spec), str(out)], capture_output=True, text=True,
+                                  timeout=timeout, env=env)
         except subprocess.TimeoutExpired as hung:  # what it printed before it was killed
             stderr = hung.stderr.decode(errors="replace") if isinstance(hung.stderr, bytes) \
                 else (hung.stderr or "")
@@ -856,7 +859,7 @@ def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
     each case's checks recomputed by this code; runs of another plugin commit (the fix taken
     out) and cases that are negative controls (``nwor_kv_extra``) go under
     ``negative_controls``."""
-    from harness.results import write_json
+    from benchmarks.harness.results import write_json
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
     known = {c.name: c for c in cases(on_cuda)}
@@ -910,7 +913,7 @@ def run_matrix(chosen: list[Case], models: Path, out: Path, on_cuda: bool,
     """The cases one after the other, the result file written after each (a case that fails is
     a row with its error, not the end of the matrix); returns the file's payload. ``keep``: the
     rows ``out`` already holds stay, but for those of the cases run now."""
-    from harness.results import environment, write_json
+    from benchmarks.harness.results import environment, write_json
 
     names = {case.name for case in chosen}
     kept = json.loads(out.read_text())["cases"] if keep and out.exists() else []

@@ -17,7 +17,7 @@ counters against the sampler's verdict, memory). Outside, ``/metrics`` is scrape
 (every counter monotone) and the server's resident memory recorded. At the end, once the engine
 is idle: NWOR's counters equal vLLM's spec-decode stats, and memory did not grow.
 
-    python benchmarks/soak.py [--seconds 300] [--requests N] [--clients C] [--out JSON]
+    python -m benchmarks.soak [--seconds 300] [--requests N] [--clients C] [--out JSON]
 
 The result has ``requests``, ``aborted``, ``violations`` (failed invariant checks, all kinds)
 and ``errors`` (requests that failed other than by the client's own abort), per run and summed.
@@ -417,7 +417,7 @@ def cpu_setup(root: Path) -> Setup:
 def gpu_setup(root: Path) -> Setup:
     from served_model import CHAT_TEMPLATE, write_byte_tokenizer
 
-    from harness.engines import LLAMA3_8B
+    from benchmarks.harness.engines import LLAMA3_8B
 
     paths = []
     for name, layers in (("llama3-8b-shape", 32), ("draft-2layer", 2)):
@@ -505,7 +505,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.results import environment, write_json
+    from benchmarks.harness.results import environment, write_json
 
     on_cuda = torch.cuda.is_available()
     root = Path(tempfile.mkdtemp(prefix="nwor-soak-"))

@@ -13,13 +13,10 @@ code) is recorded under benchmarks/results/equivalence_gpu_*.json.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import equivalence  # noqa: E402
+from benchmarks import equivalence
 
 CPU_CASES = {case.name: case for case in equivalence.cases(on_cuda=False)}
 RUN = ["defaults_draft_model", "defaults_ngram", "preemption", "block_size_32_k5",

@@ -25,14 +25,12 @@ every rank's audit and counters), kept across runs of one case at a time
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import equivalence  # noqa: E402
+from benchmarks import equivalence
 
 CASES = {case.name: case for case in equivalence.cases(on_cuda=True)
          if case.tensor_parallel_size == 2}

@@ -12,16 +12,12 @@ rejected drafts vLLM's plain write path puts in the cache.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-
-import soak  # noqa: E402
+from benchmarks import soak
 
 pytestmark = pytest.mark.engine
 
