@@ -22,14 +22,14 @@ reference, so logprobs are compared within a tolerance. Seeded sampling is not r
 across vLLM 0.26 engines even with NWOR off (an A/A case measures it): its requests must have
 identical logprobs up to the first token that differs, and are reported, not required equal.
 
-Every NWOR-on run also checks the paged cache after every step (tests/common/cache_audit.py:
+Every NWOR-on run also checks the paged cache after every step (tests/support/cache_audit.py:
 committed tokens written, nothing past them), and that its counters equal vLLM's spec-decode
 stats.
 
 Cases at ``tensor_parallel_size`` 2 (``tp2_*``, two GPUs) have their model runner in two worker
-processes. There the audit rides in vLLM's plugin mechanism (tests/common/soak_audit.py, loaded
+processes. There the audit rides in vLLM's plugin mechanism (tests/support/soak_audit.py, loaded
 into every worker of both engines: the NWOR-off engine's audit is the negative control), and
-each worker also records what it ran (tests/common/step_record.py: its rank and GPU, each target
+each worker also records what it ran (tests/support/step_record.py: its rank and GPU, each target
 step's CUDA graph mode, custom all-reduce, NWOR's FULL-graph steps). Every rank must have seen
 the same steps and verdicts and counted the same tokens, and on CUDA replayed FULL graphs for
 verify steps with custom all-reduce on.
@@ -55,7 +55,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "tests" / "common"))
 
 
 @dataclass(frozen=True)
@@ -502,17 +501,17 @@ def run_engine(spec: dict) -> dict:
         use_compile_caches(Path(spec["cache_dir"]))
     import gc
 
-    from cache_audit import (
+    from vllm import LLM
+
+    import vllm_nwor
+    from tests.support.cache_audit import (
         CacheAudit,
         read_cpu_attn_tokens,
         read_flash_attn_tokens,
         runner_of,
     )
-    from soak_audit import ENV_DIR
-    from step_record import StepRecorder
-    from vllm import LLM
-
-    import vllm_nwor
+    from tests.support.soak_audit import ENV_DIR
+    from tests.support.step_record import StepRecorder
     from vllm_nwor.patches.nwor.model_runner import attention_layers
 
     case, on_cuda, nwor = Case(**spec["case"]), spec["on_cuda"], spec["nwor"]
@@ -613,8 +612,8 @@ AUDIT_KEYS = ("steps", "verify_steps", "drafted", "accepted", "rejected", "check
 
 
 def worker_audits(directory: Path) -> list[dict]:
-    """Each worker's audit (tests/common/soak_audit.py) and record of what it ran, by rank."""
-    from soak_audit import read_status
+    """Each worker's audit (tests/support/soak_audit.py) and record of what it ran, by rank."""
+    from tests.support.soak_audit import read_status
 
     ranks = [{"tp_rank": status["worker"]["tp_rank"],
               **{key: status[key] for key in AUDIT_KEYS},
@@ -640,8 +639,7 @@ def combined_audit(ranks: list[dict]) -> dict | None:
 def probe(spec: dict, timeout: int = 900) -> dict:
     """:func:`run_engine` in a fresh process (one engine at a time on a GPU). A tensor-parallel
     case gets the audit plugin in its workers, reporting to a directory of its own."""
-    import engine_trace
-    import soak_audit
+    from tests.support import engine_trace, pythonpath, soak_audit
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
@@ -656,7 +654,7 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (pythonpath, env.get("PYTHONPATH")) if p)
 
-        load_plugin(str(HERE.parent.resolve()))  # the repository root: ``-m benchmarks...``
+        env["PYTHONPATH"] = pythonpath(env=env)  # the repository root: -m benchmarks.equivalence
         if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
             load_plugin(soak_audit.install(Path(tmp) / "site"))
             env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
@@ -797,7 +795,7 @@ def tp_checks(on: dict, tp: int) -> list[str]:
 def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
              trace: Path | None = None) -> dict:
     """Both engines of a case, one after the other, and the row. ``trace``: each engine writes
-    its per-step trace under ``trace/<case>/{off,on}`` (tests/common/engine_trace.py), and the row
+    its per-step trace under ``trace/<case>/{off,on}`` (tests/support/engine_trace.py), and the row
     names the first step at which they part."""
     spec = {"case": asdict(case), "paths": list(paths), "on_cuda": on_cuda}
     if case.cold_cache:  # the first engine compiles into it, the second loads what it wrote
@@ -807,7 +805,7 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
     on = run({**spec, "nwor": not case.nwor_both, "trace": dirs.get("on")})
     result = compare(off, on, logprob_atol=0.0 if on_cuda else 1e-3)
     if trace:
-        import engine_trace
+        from tests.support import engine_trace
 
         traces = {side: engine_trace.read(Path(d)) for side, d in dirs.items()}
         result["trace"] = {side: engine_trace.summary(t) for side, t in traces.items()}

@@ -10,9 +10,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from soak_audit import ENV_DIR, StepAudit, read_status
 
 from benchmarks import soak
+from tests.support.soak_audit import ENV_DIR, StepAudit, read_status
 
 
 class Verdicts:
