@@ -38,13 +38,12 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
 
 import torch
 import torch.nn.functional as F
-from train_pair import encode_files, eval_windows, split_files, stdlib_root
 
 from benchmarks.harness.results import RESULTS, environment, write_result
+from scripts.train_pair import encode_files, eval_windows, split_files, stdlib_root
 from vllm_nwor.testing import shipped_pair
 
 REPO = Path(__file__).resolve().parent.parent
