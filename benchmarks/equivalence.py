@@ -650,9 +650,8 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             # vLLM's CPU workers, one core each (its automatic binding wants a NUMA node each).
             cpus = sorted(os.sched_getaffinity(0))
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, cpus[:2])))
-        def load_plugin(pythonpath: str) -> None:  # a test-only vLLM plugin, in every process
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+        def load_plugin(plugin_path: str) -> None:  # a test-only vLLM plugin, in every process
+            env["PYTHONPATH"] = pythonpath(plugin_path, env=env)
 
         env["PYTHONPATH"] = pythonpath(env=env)  # the repository root: -m benchmarks.equivalence
         if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):

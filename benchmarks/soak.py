@@ -440,17 +440,14 @@ def plugin_config(setup: Setup, name: str) -> dict:
 
 def start(setup: Setup, name: str, logs: Path):
     """A server for run ``name`` with the audit plugin loaded: (server, audit directory)."""
-    import os
-
+    from tests.support import pythonpath
     from tests.support.server_process import VllmServer
     from tests.support.soak_audit import ENV_DIR, install
 
     plugin = plugin_config(setup, name)
     audit_dir = Path(tempfile.mkdtemp(prefix=f"soak-{name}-", dir=logs))
-    pythonpath = install(audit_dir / "site")
     env = {**setup.env, ENV_DIR: str(audit_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath,
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": pythonpath(install(audit_dir / "site"))}
     if setup.synthetic:
         plugin = {**plugin, "synthetic_acceptance_per_request": True}
     config = {"method": "draft_model", "model": setup.draft,

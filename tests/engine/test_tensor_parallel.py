@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from engine_utils import run_probe
 
-from tests.support import soak_audit
+from tests.support import pythonpath, soak_audit
 
 
 def _cpus() -> list[int]:
@@ -33,8 +33,7 @@ def _run(models: tuple[str, str], nwor: str, site: Path, audit_dir: Path | None,
     # One core per worker: vLLM's automatic binding wants a NUMA node per worker.
     first, second = _cpus()[:2]
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{first}|{second}")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (soak_audit.install(site), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = pythonpath(soak_audit.install(site), env=env)
     env.pop(soak_audit.ENV_DIR, None)
     if audit_dir is not None:
         env[soak_audit.ENV_DIR] = str(audit_dir)

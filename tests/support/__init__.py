@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def pythonpath(*first: str | os.PathLike, env: Mapping[str, str] = os.environ) -> str:
-    """A child process's ``PYTHONPATH``: ``first``, the repository root (``tests.support``,
-    ``benchmarks``), then ``env``'s own."""
-    return os.pathsep.join(str(p) for p in (*first, REPO, env.get("PYTHONPATH")) if p)
+    """A child process's ``PYTHONPATH``: ``first`` (paths or ``PYTHONPATH`` strings), the
+    repository root (``tests.support``, ``benchmarks``), then ``env``'s own; each path once."""
+    paths = [*map(str, first), str(REPO), env.get("PYTHONPATH", "")]
+    return os.pathsep.join(dict.fromkeys(p for s in paths for p in s.split(os.pathsep) if p))
