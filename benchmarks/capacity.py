@@ -12,8 +12,8 @@ steps need blocks it no longer has. Per engine: the KV blocks vLLM sized, those 
 its scratch blocks and their share, the scheduler's blocks, vLLM's preemption counter, the
 generated tokens and the wall time of ``LLM.generate``.
 
-    python benchmarks/capacity.py --jsonl $OUT/capacity.jsonl     # on the GPU
-    python benchmarks/capacity.py --merge $OUT/capacity.jsonl --result <json>
+    python -m benchmarks.capacity --jsonl $OUT/capacity.jsonl     # on the GPU
+    python -m benchmarks.capacity --merge $OUT/capacity.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from harness.engines import prompts, write_models  # noqa: E402
-from harness.results import (  # noqa: E402
+from benchmarks.harness.engines import prompts, write_models
+from benchmarks.harness.results import (
     append_jsonl,
     parse_or_merge,
     recorded_environment,
@@ -95,7 +93,8 @@ def probe(spec: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec), str(out)],
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.capacity", "--probe",
+                               json.dumps(spec), str(out)], cwd=Path(__file__).parents[1],
                               env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"engine (nwor={spec['nwor']}) failed:\n{proc.stderr[-4000:]}")

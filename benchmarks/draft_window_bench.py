@@ -13,8 +13,8 @@ Acceptance is real rejection sampling: with dummy weights the draft nearly alway
 the target, and vLLM's zeroed drafts are rejected. (Synthetic acceptance would accept zeroed
 drafts like real ones and hide the batch-wide drop.)
 
-    python benchmarks/draft_window_bench.py --window 256 --jsonl $OUT/draft_window_bench.jsonl
-    python benchmarks/draft_window_bench.py --merge draft_window_bench.jsonl \\
+    python -m benchmarks.draft_window_bench --window 256 --jsonl $OUT/draft_window_bench.jsonl
+    python -m benchmarks.draft_window_bench --merge draft_window_bench.jsonl \\
         --result benchmarks/results/draft_window_<date>_<gpu>.json
 """
 
@@ -22,15 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from harness.engines import (  # noqa: E402
+from benchmarks.harness.engines import (
     alternate,
     prompts,
     start_engines,
@@ -38,7 +34,7 @@ from harness.engines import (  # noqa: E402
     tokens_per_second,
     write_models,
 )
-from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
+from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
 
 
 def engine_kwargs(target: str, draft: str, window: int | None, k: int, max_batch: int) -> dict:
@@ -101,7 +97,7 @@ def main() -> None:
 
 
 def merge(jsonl: Path, result: Path) -> None:
-    from harness.results import recorded_environment
+    from benchmarks.harness.results import recorded_environment
 
     cells = [json.loads(line) for line in jsonl.read_text().splitlines()]
     payload = {**recorded_environment(jsonl), "benchmark": "draft_window",

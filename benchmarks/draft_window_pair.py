@@ -16,7 +16,7 @@ Per case: acceptance (accepted / drafted) in each 256-position segment of the re
 scheduler's per-step outputs, whether the tokens equal ``plain``, and wall time. Acceptance is a
 property of the models and the greedy sequence, not of the device; this runs on the CPU (fp32).
 
-    .venv/bin/python benchmarks/draft_window_pair.py \\
+    .venv/bin/python -m benchmarks.draft_window_pair \\
         --result benchmarks/results/draft_window_pair_<date>_cpu.json
 """
 
@@ -26,14 +26,12 @@ import argparse
 import collections
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # reach the scheduler in-process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
 SEGMENT = 256
 
@@ -92,7 +90,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args()
-    from harness.results import environment, write_json
+    from benchmarks.harness.results import environment, write_json
 
     prompts = held_out_prompt_ids(args.prompts)
     cases = []

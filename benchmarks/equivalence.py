@@ -22,21 +22,23 @@ reference, so logprobs are compared within a tolerance. Seeded sampling is not r
 across vLLM 0.26 engines even with NWOR off (an A/A case measures it): its requests must have
 identical logprobs up to the first token that differs, and are reported, not required equal.
 
-Every NWOR-on run also checks the paged cache after every step (tests/common/cache_audit.py:
+Every NWOR-on run also checks the paged cache after every step (tests/support/cache_audit.py:
 committed tokens written, nothing past them), and that its counters equal vLLM's spec-decode
 stats.
 
 Cases at ``tensor_parallel_size`` 2 (``tp2_*``, two GPUs) have their model runner in two worker
-processes. There the audit rides in vLLM's plugin mechanism (tests/common/soak_audit.py, loaded
+processes. There the audit rides in vLLM's plugin mechanism (tests/support/soak_audit.py, loaded
 into every worker of both engines: the NWOR-off engine's audit is the negative control), and
-each worker also records what it ran (tests/common/step_record.py: its rank and GPU, each target
+each worker also records what it ran (tests/support/step_record.py: its rank and GPU, each target
 step's CUDA graph mode, custom all-reduce, NWOR's FULL-graph steps). Every rank must have seen
 the same steps and verdicts and counted the same tokens, and on CUDA replayed FULL graphs for
 verify steps with custom all-reduce on.
 
-    python benchmarks/equivalence.py [--cases NAME,...] [--out JSON]   # the matrix
+    python -m benchmarks.equivalence [--cases NAME,...] [--out JSON]   # the matrix
     (tests/gpu/test_tensor_parallel_gpu.py runs the tp2_* cases and checks every claim above)
-    python benchmarks/equivalence.py --probe SPEC_JSON OUT_JSON          # one engine
+    python -m benchmarks.equivalence --probe SPEC_JSON OUT_JSON          # one engine
+
+(from the repository root, as every benchmark: ``benchmarks`` is a package)
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "tests" / "common"))
 
 
 @dataclass(frozen=True)
@@ -500,17 +501,17 @@ def run_engine(spec: dict) -> dict:
         use_compile_caches(Path(spec["cache_dir"]))
     import gc
 
-    from cache_audit import (
+    from vllm import LLM
+
+    import vllm_nwor
+    from tests.support.cache_audit import (
         CacheAudit,
         read_cpu_attn_tokens,
         read_flash_attn_tokens,
         runner_of,
     )
-    from soak_audit import ENV_DIR
-    from step_record import StepRecorder
-    from vllm import LLM
-
-    import vllm_nwor
+    from tests.support.soak_audit import ENV_DIR
+    from tests.support.step_record import StepRecorder
     from vllm_nwor.patches.nwor.model_runner import attention_layers
 
     case, on_cuda, nwor = Case(**spec["case"]), spec["on_cuda"], spec["nwor"]
@@ -611,8 +612,8 @@ AUDIT_KEYS = ("steps", "verify_steps", "drafted", "accepted", "rejected", "check
 
 
 def worker_audits(directory: Path) -> list[dict]:
-    """Each worker's audit (tests/common/soak_audit.py) and record of what it ran, by rank."""
-    from soak_audit import read_status
+    """Each worker's audit (tests/support/soak_audit.py) and record of what it ran, by rank."""
+    from tests.support.soak_audit import read_status
 
     ranks = [{"tp_rank": status["worker"]["tp_rank"],
               **{key: status[key] for key in AUDIT_KEYS},
@@ -638,8 +639,7 @@ def combined_audit(ranks: list[dict]) -> dict | None:
 def probe(spec: dict, timeout: int = 900) -> dict:
     """:func:`run_engine` in a fresh process (one engine at a time on a GPU). A tensor-parallel
     case gets the audit plugin in its workers, reporting to a directory of its own."""
-    import engine_trace
-    import soak_audit
+    from tests.support import engine_trace, pythonpath, soak_audit
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
@@ -650,10 +650,10 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             # vLLM's CPU workers, one core each (its automatic binding wants a NUMA node each).
             cpus = sorted(os.sched_getaffinity(0))
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, cpus[:2])))
-        def load_plugin(pythonpath: str) -> None:  # a test-only vLLM plugin, in every process
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+        def load_plugin(plugin_path: str) -> None:  # a test-only vLLM plugin, in every process
+            env["PYTHONPATH"] = pythonpath(plugin_path, env=env)
 
+        env["PYTHONPATH"] = pythonpath(env=env)  # the repository root: -m benchmarks.equivalence
         if spec["case"].get("tensor_parallel_size", 1) > 1 or spec["case"].get("engine_process"):
             load_plugin(soak_audit.install(Path(tmp) / "site"))
             env[soak_audit.ENV_DIR] = str(Path(tmp) / "audit")
@@ -663,9 +663,9 @@ def probe(spec: dict, timeout: int = 900) -> dict:
             env[engine_trace.ENV_DIR] = spec["trace"]
             Path(spec["trace"]).mkdir(parents=True, exist_ok=True)
         try:
-            proc = subprocess.run([sys.executable, __file__, "--probe", json.dumps(spec),
-                                   str(out)], capture_output=True, text=True, timeout=timeout,
-                                  env=env)
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.equivalence", "--probe",
+                                   json.dumps(spec), str(out)], capture_output=True, text=True,
+                                  timeout=timeout, env=env)
         except subprocess.TimeoutExpired as hung:  # what it printed before it was killed
             stderr = hung.stderr.decode(errors="replace") if isinstance(hung.stderr, bytes) \
                 else (hung.stderr or "")
@@ -794,7 +794,7 @@ def tp_checks(on: dict, tp: int) -> list[str]:
 def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
              trace: Path | None = None) -> dict:
     """Both engines of a case, one after the other, and the row. ``trace``: each engine writes
-    its per-step trace under ``trace/<case>/{off,on}`` (tests/common/engine_trace.py), and the row
+    its per-step trace under ``trace/<case>/{off,on}`` (tests/support/engine_trace.py), and the row
     names the first step at which they part."""
     spec = {"case": asdict(case), "paths": list(paths), "on_cuda": on_cuda}
     if case.cold_cache:  # the first engine compiles into it, the second loads what it wrote
@@ -804,7 +804,7 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
     on = run({**spec, "nwor": not case.nwor_both, "trace": dirs.get("on")})
     result = compare(off, on, logprob_atol=0.0 if on_cuda else 1e-3)
     if trace:
-        import engine_trace
+        from tests.support import engine_trace
 
         traces = {side: engine_trace.read(Path(d)) for side, d in dirs.items()}
         result["trace"] = {side: engine_trace.summary(t) for side, t in traces.items()}
@@ -856,7 +856,7 @@ def merge(paths: list[Path], out: Path, on_cuda: bool = True) -> None:
     each case's checks recomputed by this code; runs of another plugin commit (the fix taken
     out) and cases that are negative controls (``nwor_kv_extra``) go under
     ``negative_controls``."""
-    from harness.results import write_json
+    from benchmarks.harness.results import write_json
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
     known = {c.name: c for c in cases(on_cuda)}
@@ -910,7 +910,7 @@ def run_matrix(chosen: list[Case], models: Path, out: Path, on_cuda: bool,
     """The cases one after the other, the result file written after each (a case that fails is
     a row with its error, not the end of the matrix); returns the file's payload. ``keep``: the
     rows ``out`` already holds stay, but for those of the cases run now."""
-    from harness.results import environment, write_json
+    from benchmarks.harness.results import environment, write_json
 
     names = {case.name for case in chosen}
     kept = json.loads(out.read_text())["cases"] if keep and out.exists() else []

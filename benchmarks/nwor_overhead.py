@@ -34,11 +34,11 @@ thinned per request by the benchmark feature ``synthetic_acceptance_per_request`
 that gives mean acceptance length L at k drafts (L = k + 1: no thinning). So one engine pair
 serves every L of a k; ``measured_L`` in each cell is what vLLM's counters saw.
 
-    python benchmarks/nwor_overhead.py --method draft_model --k 2 4 8 --L 1.5 3.0 k+1 \\
+    python -m benchmarks.nwor_overhead --method draft_model --k 2 4 8 --L 1.5 3.0 k+1 \\
         --batches 1 8 32 128 --jsonl $OUT/cells.jsonl
-    python benchmarks/nwor_overhead.py --method draft_model --k 4 --tensor-parallel-size 2 \\
+    python -m benchmarks.nwor_overhead --method draft_model --k 4 --tensor-parallel-size 2 \\
         --aa --jsonl $OUT/cells.jsonl                                      # two GPUs
-    python benchmarks/nwor_overhead.py --merge $OUT/cells.jsonl --result <json>
+    python -m benchmarks.nwor_overhead --merge $OUT/cells.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -46,15 +46,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from harness.engines import (  # noqa: E402
+from benchmarks.harness.engines import (
     ENV_KEY,
     OUTPUT_LEN,
     PROMPT_LEN,
@@ -69,7 +65,7 @@ from harness.engines import (  # noqa: E402
     write_eagle3_head,
     write_models,
 )
-from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
+from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
 
 KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head size x bf16
 
@@ -371,7 +367,7 @@ DRAFTS = {"draft_model": "2-layer Llama, same vocabulary, dummy weights",
 
 
 def merge(jsonl: Path, result: Path) -> None:
-    from harness.results import recorded_environment
+    from benchmarks.harness.results import recorded_environment
 
     cells, startups, profiles, sizes = [], [], [], set()
     for line in jsonl.read_text().splitlines():

@@ -1,6 +1,6 @@
 """Quality of the shipped pair: the target's held-out loss and the draft's greedy acceptance.
 
-    .venv/bin/python benchmarks/pair_quality.py [--models DIR]   # default: the committed pair
+    .venv/bin/python -m benchmarks.pair_quality [--models DIR]   # default: the committed pair
 
 Everything is measured on files the training never saw (``scripts/train_pair.py``'s held-out
 split of the standard library), with the exported fp16 weights loaded in fp32:
@@ -38,15 +38,13 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from harness.results import RESULTS, environment, write_result  # noqa: E402
-from train_pair import encode_files, eval_windows, split_files, stdlib_root  # noqa: E402
-from vllm_nwor.testing import shipped_pair  # noqa: E402
+from benchmarks.harness.results import RESULTS, environment, write_result
+from scripts.train_pair import encode_files, eval_windows, split_files, stdlib_root
+from vllm_nwor.testing import shipped_pair
 
 REPO = Path(__file__).resolve().parent.parent
 NUM_PROMPTS = 24

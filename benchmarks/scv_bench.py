@@ -57,8 +57,8 @@ rejection sampling at full acceptance, so a request's acceptance follows ``a`` w
 policy's k. Uniform workloads use the ``a`` that gives mean acceptance length L at k = 4;
 the heterogeneous mix puts half the requests at L of about 1.2 and half at full acceptance.
 
-    python benchmarks/scv_bench.py --policies no_spec fixed_k4 scv --jsonl $OUT/scv.jsonl
-    python benchmarks/scv_bench.py --merge scv_bench.jsonl \
+    python -m benchmarks.scv_bench --policies no_spec fixed_k4 scv --jsonl $OUT/scv.jsonl
+    python -m benchmarks.scv_bench --merge scv_bench.jsonl \
         --result benchmarks/results/scv_<date>_<gpu>.json
 """
 
@@ -66,17 +66,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from harness.engines import (  # noqa: E402
+from benchmarks.harness.engines import (
     ABLATE_KEY,
     ENV_KEY,
     ORACLE,
@@ -94,7 +90,7 @@ from harness.engines import (  # noqa: E402
     total,
     write_models,
 )
-from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
+from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
 
 REFERENCE_K = 4
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
@@ -356,7 +352,7 @@ def merge(jsonl: Path, result: Path) -> None:
     steady window (``harness.engines.generate_at_concurrency``) where every policy of the group
     had one in every repetition, else the whole run; ``tok_s_whole_run`` and
     ``scv_over_best_other_whole_run`` are the whole run's in any case."""
-    from harness.results import recorded_environment
+    from benchmarks.harness.results import recorded_environment
 
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     groups: dict[tuple[int, str], list[dict[str, float]]] = {}

@@ -9,7 +9,7 @@ costly as the target overstates what drafting costs next to the GPU benchmark's 
 draft. draft_model, every batch sent at once, engines alternating round by round, median tokens
 per second; ``scv_over_best_other`` per cell.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/scv_cpu.py --result scv_cpu_<date>.json
+    PYTHONPATH=src .venv/bin/python -m benchmarks.scv_cpu --result scv_cpu_<date>.json
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from harness.engines import CPU_ENGINE  # noqa: E402
-from harness.results import environment, write_result  # noqa: E402
-from scv_bench import workloads  # noqa: E402
+from benchmarks.harness.engines import CPU_ENGINE
+from benchmarks.harness.results import environment, write_result
+from benchmarks.scv_bench import workloads
 
 POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "scv")
 MAX_K = 4

@@ -12,12 +12,12 @@ the request count or the time runs out, each one drawn at random:
 - aborts: a streamed request is dropped after a few chunks, or a request given a client
   timeout shorter than its generation.
 
-Inside the engine, ``tests/common/soak_audit.py`` checks every step (the cache audit, NWOR's
+Inside the engine, ``tests/support/soak_audit.py`` checks every step (the cache audit, NWOR's
 counters against the sampler's verdict, memory). Outside, ``/metrics`` is scraped every second
 (every counter monotone) and the server's resident memory recorded. At the end, once the engine
 is idle: NWOR's counters equal vLLM's spec-decode stats, and memory did not grow.
 
-    python benchmarks/soak.py [--seconds 300] [--requests N] [--clients C] [--out JSON]
+    python -m benchmarks.soak [--seconds 300] [--requests N] [--clients C] [--out JSON]
 
 The result has ``requests``, ``aborted``, ``violations`` (failed invariant checks, all kinds)
 and ``errors`` (requests that failed other than by the client's own abort), per run and summed.
@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "tests" / "common"))
-sys.path.insert(0, str(HERE.parent / "tests" / "server"))
 
 CORPUS_MODULES = ("textwrap", "random", "json.decoder", "string", "fractions", "calendar")
 """Prompts are slices of Python's own standard library: code like the shipped pair's training
@@ -282,7 +280,7 @@ def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: i
          clients: int, max_model_len: int, cuda: bool, synthetic: bool, k: int,
          seed: int = 0) -> dict:
     """Runs the traffic against a ready server; returns the run's tally and checks."""
-    from soak_audit import read_status
+    from tests.support.soak_audit import read_status
 
     tally = Tally()
     monitor = Monitor(server)
@@ -397,8 +395,7 @@ class Setup:
 def cpu_setup(root: Path) -> Setup:
     """The shipped byte-level pair: its draft agrees with its target often on repetitive code
     and rarely elsewhere, so verify steps accept and reject (docs/model_pair.md)."""
-    from served_model import CHAT_TEMPLATE
-
+    from tests.support.served_model import CHAT_TEMPLATE
     from vllm_nwor.testing import shipped_pair
 
     target, draft = shipped_pair()
@@ -415,9 +412,8 @@ def cpu_setup(root: Path) -> Setup:
 
 
 def gpu_setup(root: Path) -> Setup:
-    from served_model import CHAT_TEMPLATE, write_byte_tokenizer
-
-    from harness.engines import LLAMA3_8B
+    from benchmarks.harness.engines import LLAMA3_8B
+    from tests.support.served_model import CHAT_TEMPLATE, write_byte_tokenizer
 
     paths = []
     for name, layers in (("llama3-8b-shape", 32), ("draft-2layer", 2)):
@@ -444,17 +440,14 @@ def plugin_config(setup: Setup, name: str) -> dict:
 
 def start(setup: Setup, name: str, logs: Path):
     """A server for run ``name`` with the audit plugin loaded: (server, audit directory)."""
-    import os
-
-    from server_process import VllmServer
-    from soak_audit import ENV_DIR, install
+    from tests.support import pythonpath
+    from tests.support.server_process import VllmServer
+    from tests.support.soak_audit import ENV_DIR, install
 
     plugin = plugin_config(setup, name)
     audit_dir = Path(tempfile.mkdtemp(prefix=f"soak-{name}-", dir=logs))
-    pythonpath = install(audit_dir / "site")
     env = {**setup.env, ENV_DIR: str(audit_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath,
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": pythonpath(install(audit_dir / "site"))}
     if setup.synthetic:
         plugin = {**plugin, "synthetic_acceptance_per_request": True}
     config = {"method": "draft_model", "model": setup.draft,
@@ -505,7 +498,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.results import environment, write_json
+    from benchmarks.harness.results import environment, write_json
 
     on_cuda = torch.cuda.is_available()
     root = Path(tempfile.mkdtemp(prefix="nwor-soak-"))

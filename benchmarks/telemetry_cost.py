@@ -6,7 +6,7 @@ both engines are up at once and the workload alternates between them, round afte
 result is the ratio of their median throughputs. A microbenchmark times the per-step work the
 plugin adds on each side, at batch sizes the tiny CPU engine cannot reach.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/telemetry_cost.py
+    PYTHONPATH=src .venv/bin/python -m benchmarks.telemetry_cost
 
 writes ``benchmarks/results/telemetry_cost_<date>.json``.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -24,12 +23,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 # vLLM compiles its CPU random sampler at start-up; this workload is greedy and never uses it.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
-from vllm import LLM, SamplingParams  # noqa: E402
+from vllm import LLM, SamplingParams
 
-from harness.results import environment, write_result  # noqa: E402
-from vllm_nwor.testing import write_tiny_llama_pair  # noqa: E402
+from benchmarks.harness.results import environment, write_result
+from vllm_nwor.testing import write_tiny_llama_pair
 
 ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, block_size=32,
               max_num_seqs=8, max_num_batched_tokens=128, enforce_eager=True,

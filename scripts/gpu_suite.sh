@@ -2,22 +2,22 @@
 # Runs on the GPU machine after the devkit install (../shared/devkit/README.md): installs this
 # project next to vLLM in /tmp/site, then
 #   scripts/gpu_suite.sh tests [PATHS]         the GPU tests (PATHS, or tests/gpu), log + junit in $OUT
-#   scripts/gpu_suite.sh nwor_overhead ARGS    benchmarks/nwor_overhead.py, $OUT/nwor_overhead.jsonl
-#   scripts/gpu_suite.sh scv_bench ARGS        benchmarks/scv_bench.py, $OUT/scv_bench.jsonl
-#   scripts/gpu_suite.sh draft_window_bench ARGS   benchmarks/draft_window_bench.py
-#   scripts/gpu_suite.sh capacity ARGS        benchmarks/capacity.py, $OUT/capacity.jsonl
-#   scripts/gpu_suite.sh nwor_layer_host ARGS  benchmarks/tools/nwor_layer_host.py (NWOR_SRC=<dir>:
+#   scripts/gpu_suite.sh nwor_overhead ARGS    -m benchmarks.nwor_overhead, $OUT/nwor_overhead.jsonl
+#   scripts/gpu_suite.sh scv_bench ARGS        -m benchmarks.scv_bench, $OUT/scv_bench.jsonl
+#   scripts/gpu_suite.sh draft_window_bench ARGS   -m benchmarks.draft_window_bench
+#   scripts/gpu_suite.sh capacity ARGS        -m benchmarks.capacity, $OUT/capacity.jsonl
+#   scripts/gpu_suite.sh nwor_layer_host ARGS  -m benchmarks.tools.nwor_layer_host (NWOR_SRC=<dir>:
 #                                              the plugin's code from <dir>/src, another version)
-#   scripts/gpu_suite.sh nwor_layer_gpu ARGS   benchmarks/tools/nwor_layer_gpu.py (NWOR_SRC as above)
-#   scripts/gpu_suite.sh scv_step_profile|nwor_step_host|host_noise ARGS   benchmarks/tools/<that>.py
-#   scripts/gpu_suite.sh equivalence ARGS      benchmarks/equivalence.py --out $OUT/<name>.json
+#   scripts/gpu_suite.sh nwor_layer_gpu ARGS   -m benchmarks.tools.nwor_layer_gpu (NWOR_SRC as above)
+#   scripts/gpu_suite.sh scv_step_profile|nwor_step_host|host_noise ARGS   -m benchmarks.tools.<that>
+#   scripts/gpu_suite.sh equivalence ARGS      -m benchmarks.equivalence --out $OUT/<name>.json
 #                                              --trace $OUT/trace-<name> (each engine's step trace)
 #   scripts/gpu_suite.sh install               the install alone
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
 # (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
 # a benchmark's into benchmarks/results/ here with
-#   python benchmarks/<name>.py --merge <name>.jsonl --result benchmarks/results/...
-# (benchmarks/tools/<name>.py for a diagnostic)
+#   python -m benchmarks.<name> --merge <name>.jsonl --result benchmarks/results/...
+# (-m benchmarks.tools.<name> for a diagnostic), from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -32,7 +32,7 @@ if [ -z "${NWOR_INSTALLED:-}" ]; then
 fi
 echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
 # What merges on another machine record as the run's environment (commit, versions, GPU).
-python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); from harness.results import environment
+python3 -c "import json; from benchmarks.harness.results import environment
 print(json.dumps(environment()))" > "$out/environment.json.$$" 2>/dev/null \
   && mv "$out/environment.json.$$" "$out/environment.json" \
   || echo "could not record the environment" >&2  # moved whole: a copy mid-step never sees it empty
@@ -47,12 +47,12 @@ case "$what" in
     python3 -m pytest -q -p no:cacheprovider -rs -s --junitxml="$out/$log.xml" "$@" 2>&1 \
       | tee "$out/$log.log" | grep -vE "^(INFO|WARNING|DEBUG) " ;;
   equivalence)
-    python3 benchmarks/equivalence.py --out "$out/$name.json" --trace "$out/trace-$name" "$@" \
+    python3 -m benchmarks.equivalence --out "$out/$name.json" --trace "$out/trace-$name" "$@" \
       2>&1 | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG|WARNING|\[)" ;;
   nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
-    script="benchmarks/$what.py"
-    [ -e "$script" ] || script="benchmarks/tools/$what.py"  # the diagnostics
-    python3 "$script" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
+    module="benchmarks.$what"
+    [ -e "benchmarks/$what.py" ] || module="benchmarks.tools.$what"  # the diagnostics
+    python3 -m "$module" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
     echo "usage: $0 install|tests|equivalence|nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;

@@ -22,8 +22,8 @@ runs alternate between the process free to run on any CPU and the process pinned
 physical core whose siblings it leaves out, or to the CPUs given (``--pin``), so that the two
 can be compared run by run.
 
-    python benchmarks/tools/host_noise.py --jsonl $OUT/host_noise.jsonl
-    python benchmarks/tools/host_noise.py --merge A.jsonl B.jsonl ... --result <json>
+    python -m benchmarks.tools.host_noise --jsonl $OUT/host_noise.jsonl
+    python -m benchmarks.tools.host_noise --merge A.jsonl B.jsonl ... --result <json>
 
 A merge keeps each run whole, with the environment recorded beside its jsonl (runs on different
 machines stay apart).
@@ -37,20 +37,17 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.engines import count_engine_steps, prompts, rate_for_length, write_models  # noqa: E402
-from harness.results import (  # noqa: E402
+from benchmarks.harness.engines import count_engine_steps, prompts, rate_for_length, write_models
+from benchmarks.harness.results import (
     append_jsonl,
     recorded_environment,
     write_json,
 )
-from scv_bench import engine_kwargs  # noqa: E402
+from benchmarks.scv_bench import engine_kwargs
 
 SAMPLE_SECONDS = 0.02
 

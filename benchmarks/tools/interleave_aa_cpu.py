@@ -23,7 +23,7 @@ unequal engines. ``--b-spec K`` makes engine ``b`` speculate (draft_model, the t
 K tokens a step): steps of another length and shape than ``a``'s, the GPU runs' case of fixed k
 against plain decoding.
 
-    .venv/bin/python benchmarks/tools/interleave_aa_cpu.py --result interleave_aa_<date>_cpu.json
+    .venv/bin/python -m benchmarks.tools.interleave_aa_cpu --result interleave_aa_<date>_cpu.json
 """
 
 from __future__ import annotations
@@ -34,14 +34,11 @@ import multiprocessing as mp
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.engines import (  # noqa: E402
+from benchmarks.harness.engines import (
     CPU_ENGINE,
     ENV_KEY,
     OUTPUT_LEN_KEY,
@@ -50,7 +47,7 @@ from harness.engines import (  # noqa: E402
     stop_engines,
     tokens_per_second,
 )
-from harness.results import environment, write_result  # noqa: E402
+from benchmarks.harness.results import environment, write_result
 
 
 def burn(on) -> None:

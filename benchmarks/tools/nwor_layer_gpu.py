@@ -19,8 +19,8 @@ Both sides run in one process, alternating, the order flipped every round. Two v
 plugin are compared by running this twice (``PYTHONPATH`` chooses a checkout; ``--label`` names
 it); the merge reports ``after / before`` of NWOR's GPU time per step where both ran.
 
-    python benchmarks/tools/nwor_layer_gpu.py --label after --jsonl $OUT/layer_gpu.jsonl
-    python benchmarks/tools/nwor_layer_gpu.py --merge layer_gpu.jsonl \
+    python -m benchmarks.tools.nwor_layer_gpu --label after --jsonl $OUT/layer_gpu.jsonl
+    python -m benchmarks.tools.nwor_layer_gpu --merge layer_gpu.jsonl \
         --result benchmarks/results/nwor_layer_gpu_<date>_<gpu>.json
 """
 
@@ -28,23 +28,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 from vllm.forward_context import override_forward_context
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.results import (  # noqa: E402
+from benchmarks.harness.results import (
     append_jsonl,
     parse_or_merge,
     recorded_environment,
     write_json,
 )
-from nwor_layer_host import (  # noqa: E402
+from benchmarks.tools.nwor_layer_host import (
     BLOCK,
     HEAD_SIZE,
     HEADS,
@@ -55,7 +51,7 @@ from nwor_layer_host import (  # noqa: E402
     VLLM_UPDATE,
     Step,
 )
-from vllm_nwor.nwor.verify_step import VerifyStep  # noqa: E402
+from vllm_nwor.nwor.verify_step import VerifyStep
 
 CASES = [(1, 4), (8, 4), (32, 4), (128, 4), (256, 4), (8, 8), (32, 8)]  # batch, k (uniform)
 

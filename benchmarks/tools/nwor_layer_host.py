@@ -30,8 +30,8 @@ The sides run in one process, alternating. The plugin's code is whatever ``vllm_
 (``PYTHONPATH`` chooses a checkout), so two versions are compared by running this twice, and
 ``--label`` names the version in the output.
 
-    python benchmarks/tools/nwor_layer_host.py --label after --jsonl $OUT/layer_host.jsonl
-    python benchmarks/tools/nwor_layer_host.py --merge layer_host.jsonl \
+    python -m benchmarks.tools.nwor_layer_host --label after --jsonl $OUT/layer_host.jsonl
+    python -m benchmarks.tools.nwor_layer_host --merge layer_host.jsonl \
         --result benchmarks/results/nwor_layer_host_<date>_<gpu>.json
 """
 
@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,23 +50,21 @@ import triton.language as tl
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import override_forward_context
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.results import (  # noqa: E402
+from benchmarks.harness.results import (
     append_jsonl,
     parse_or_merge,
     recorded_environment,
     write_json,
 )
-from vllm_nwor import patches  # noqa: E402
-from vllm_nwor.nwor.interceptor import NworInterceptor  # noqa: E402
-from vllm_nwor.nwor.kernels._common import Launcher  # noqa: E402
-from vllm_nwor.nwor.kernels.scratch import scratch_blocks  # noqa: E402
-from vllm_nwor.nwor.kv_staging import StagingBuffer  # noqa: E402
-from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep  # noqa: E402
-from vllm_nwor.patches._patch import original  # noqa: E402
-from vllm_nwor.patches.nwor import flash_attn as nwor_fa  # noqa: E402
-from vllm_nwor.patches.nwor.binding import BINDING_ATTR, LayerBinding, wrap_kv_cache_update  # noqa: E402
+from vllm_nwor import patches
+from vllm_nwor.nwor.interceptor import NworInterceptor
+from vllm_nwor.nwor.kernels._common import Launcher
+from vllm_nwor.nwor.kernels.scratch import scratch_blocks
+from vllm_nwor.nwor.kv_staging import StagingBuffer
+from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep
+from vllm_nwor.patches._patch import original
+from vllm_nwor.patches.nwor import flash_attn as nwor_fa
+from vllm_nwor.patches.nwor.binding import BINDING_ATTR, LayerBinding, wrap_kv_cache_update
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 CASES = [  # batch, k, share of requests without drafts (as ngram leaves them)

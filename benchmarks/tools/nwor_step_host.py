@@ -13,8 +13,8 @@ unrecorded passes. Each timed call costs about 0.2 µs more, nested calls counte
 The plugin is whatever ``vllm_nwor`` imports (``PYTHONPATH`` chooses a checkout): two versions
 are compared by running this once per version, alternating, each run with its ``--label``.
 
-    python benchmarks/tools/nwor_step_host.py --label after --jsonl $OUT/step_host.jsonl
-    python benchmarks/tools/nwor_step_host.py --merge step_host.jsonl --result <json>
+    python -m benchmarks.tools.nwor_step_host --label after --jsonl $OUT/step_host.jsonl
+    python -m benchmarks.tools.nwor_step_host --merge step_host.jsonl --result <json>
 """
 
 from __future__ import annotations
@@ -23,21 +23,18 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.engines import (  # noqa: E402
+from benchmarks.harness.engines import (
     prompts,
     rate_for_length,
     time_engine_steps,
     write_models,
 )
-from harness.results import append_jsonl, parse_or_merge, write_json  # noqa: E402
-from nwor_overhead import engine_kwargs  # noqa: E402
+from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
+from benchmarks.nwor_overhead import engine_kwargs
 
 PARTS = {  # name: (module, class, attribute); a part the plugin's version lacks is skipped
     "from_batch": ("vllm_nwor.nwor.verify_step", "VerifyStep", "from_batch"),
@@ -109,7 +106,7 @@ def main() -> None:
 
 def merge(jsonl: Path, result: Path) -> None:
     """The runs, and each part's median over a label's runs with its after/before ratio."""
-    from harness.results import recorded_environment
+    from benchmarks.harness.results import recorded_environment
 
     runs = [json.loads(line) for line in jsonl.read_text().splitlines()]
     by_label: dict[str, dict[str, list[float]]] = {}

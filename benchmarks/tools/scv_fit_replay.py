@@ -14,7 +14,7 @@ and reports the log of price over time: its mean and its mean absolute value, by
 (halved every N steps observed), so that the fit follows a host whose speed changes in spells
 (``host_noise_b1_2026-11-24_h200.json``). That variant lives here, not in the policy.
 
-    .venv/bin/python benchmarks/tools/scv_fit_replay.py \\
+    .venv/bin/python -m benchmarks.tools.scv_fit_replay \\
         benchmarks/results/scv_b1_k8_2026-11-24_h200.json
 """
 
@@ -28,11 +28,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.results import git_commit, write_json  # noqa: E402
-from vllm_nwor.scv import StepCostModel, on_full_graph  # noqa: E402
+from benchmarks.harness.results import git_commit, write_json
+from vllm_nwor.scv import StepCostModel, on_full_graph
 
 MIN_STEADY_STEPS = 8
 

@@ -21,7 +21,7 @@ speculation and every fixed k), per workload and batch. Nothing is claimed from 
 GPU: it shows what the policy's choices are worth where the costs are known, and lets a change
 to the policy be compared with the current one in the same simulated traffic.
 
-    python benchmarks/tools/scv_sim.py --batches 1 32 128 --seeds 4
+    python -m benchmarks.tools.scv_sim --batches 1 32 128 --seeds 4
 
 ``--unpriced`` adds, per cell, SCV as it was before it priced the lazy draft sync's catch-ups
 (``scv_unpriced``). ``--by-rate`` adds, per cell, the best policy that knows every request's

@@ -29,23 +29,19 @@ and self CUDA time by op) and cProfile's tables of the same run (the engine is i
 scheduler, runner and plugin). Greedy tokens of each engine are compared with no speculation's:
 SCV held at chunk 0 verifies no drafts, so they must match.
 
-    python benchmarks/tools/scv_step_profile.py --jsonl $OUT/scv_step_profile.jsonl
-    python benchmarks/tools/scv_step_profile.py --merge scv_step_profile.jsonl --result <json>
+    python -m benchmarks.tools.scv_step_profile --jsonl $OUT/scv_step_profile.jsonl
+    python -m benchmarks.tools.scv_step_profile --merge scv_step_profile.jsonl --result <json>
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # harness
-
-from harness.engines import (  # noqa: E402
+from benchmarks.harness.engines import (
     ABLATE_KEY,
     PINNED_AT_ZERO,
     agreement,
@@ -56,13 +52,13 @@ from harness.engines import (  # noqa: E402
     tokens_per_second,
     write_models,
 )
-from harness.results import (  # noqa: E402
+from benchmarks.harness.results import (
     append_jsonl,
     parse_or_merge,
     recorded_environment,
     write_json,
 )
-from scv_bench import METHODS, REFERENCE_K, engine_kwargs, rate_for_length  # noqa: E402
+from benchmarks.scv_bench import METHODS, REFERENCE_K, engine_kwargs, rate_for_length
 
 CHUNK0_PARTS = ("plan", "record", "telemetry")
 """The plugin's host work of a chunk-0 step, each left out by its own engine."""

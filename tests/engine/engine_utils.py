@@ -12,9 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cache_audit import runner_of
 from vllm import LLM, SamplingParams
 
+from tests.support import pythonpath
+from tests.support.cache_audit import runner_of
 from vllm_nwor.inspect import scheduler_of
 
 # Mixed prompt lengths; the longest exceed max_num_batched_tokens, so they are prefilled in
@@ -104,11 +105,13 @@ def metric_values(llm) -> dict[str, float]:
 
 
 def run_probe(script: str, args: list[str], env: dict[str, str], timeout: int) -> dict:
-    """Runs ``script`` (a probe beside these tests) with ``args`` in a fresh process; returns
-    the JSON of its last ``SUMMARY`` line."""
+    """Runs ``script`` (a probe beside these tests) with ``args`` in a fresh process, the
+    repository root on its ``PYTHONPATH`` (``tests.support``); returns the JSON of its last
+    ``SUMMARY`` line."""
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).parent / script), *args],
-        cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=Path(__file__).parent, env={**env, "PYTHONPATH": pythonpath(env=env)},
+        capture_output=True, text=True, timeout=timeout,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]

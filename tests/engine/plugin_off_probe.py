@@ -6,16 +6,14 @@ argv: target checkpoint path. The caller decides (through VLLM_PLUGINS) whether 
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from engine_utils import engine, runner_of, spec_config, spec_decode_stats  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
+from engine_utils import engine, runner_of, spec_config, spec_decode_stats
+from vllm import SamplingParams
 
-from engine_utils import PROMPTS  # noqa: E402  # isort: skip
+from engine_utils import PROMPTS  # isort: skip
 
 
 def main(target: str) -> None:

@@ -9,17 +9,15 @@ argv: target checkpoint path.
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # vLLM compiles its CPU random sampler at start-up (about 20 s here); eager computes the same.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from engine_utils import PROMPTS, engine, metric_values, spec_config  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
+from engine_utils import PROMPTS, engine, metric_values, spec_config
+from vllm import SamplingParams
 
-import vllm_nwor  # noqa: E402
+import vllm_nwor
 
 
 def sequences(request_outputs) -> list[dict]:

@@ -25,15 +25,13 @@ import vllm_nwor.inspect
 from vllm_nwor.config import PLUGIN_KEYS
 from vllm_nwor.patches.engine_args import take_plugin_keys
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks" / "tools"))  # diagnostics
 VLLM_KEYS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
 
 
 def benchmark_kwargs() -> list[tuple[str, dict]]:
-    scv = importlib.import_module("scv_bench")
-    overhead = importlib.import_module("nwor_overhead")
-    window = importlib.import_module("draft_window_bench")
+    scv = importlib.import_module("benchmarks.scv_bench")
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
+    window = importlib.import_module("benchmarks.draft_window_bench")
     cases = [(f"scv_bench:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3))
              for p in scv.POLICIES]
     cases += [(f"scv_bench:ngram_gpu:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3, "ngram_gpu"))
@@ -47,13 +45,13 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
         "t", "d", "eagle3", 4, nwor, 8, memory=0.3, length=2.5)) for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))
               for w in (None, 256)]
-    profile = importlib.import_module("scv_step_profile")
+    profile = importlib.import_module("benchmarks.tools.scv_step_profile")
     cases += [(f"scv_step_profile:{name}", kwargs)
               for name, kwargs in profile.configs("t", "d", 128, 0.22).items()]
     cases += [(f"scv_step_profile:ngram_gpu:{name}", kwargs) for name, kwargs in profile.configs(
         "t", "d", 128, 0.22, ("fixed_k2", "scv", "scv_fixed2"), "ngram_gpu").items()]
     # What the engine process hands to LLM (it sets the environment and ablations itself).
-    split = importlib.import_module("harness.engines").split_engine_kwargs
+    split = importlib.import_module("benchmarks.harness.engines").split_engine_kwargs
     return [(name, split(kwargs)[0]) for name, kwargs in cases]
 
 
@@ -75,7 +73,7 @@ def test_benchmark_config_is_split_between_vllm_and_the_plugin(name, kwargs):
 
 def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
     """Groups run on different GPUs: SCV's ratio is taken within each group, the smallest kept."""
-    scv = importlib.import_module("scv_bench")
+    scv = importlib.import_module("benchmarks.scv_bench")
     rows = lambda tok_s: [  # noqa: E731
         {"policy": p, "batch": 128, "workload": "w", "tok_s": v} for p, v in tok_s.items()]
     records = [
@@ -104,7 +102,7 @@ def test_scv_merge_compares_scv_with_its_own_group_only(tmp_path):
 def test_scv_merge_takes_the_steady_window_where_every_policy_of_a_group_has_one(tmp_path):
     """The headline is the steady window's throughput (``tok_s_steady``) where every row of
     a group's cell has one, the whole run's otherwise; the whole run's ratio is kept."""
-    scv = importlib.import_module("scv_bench")
+    scv = importlib.import_module("benchmarks.scv_bench")
     whole = {"no_spec": 100.0, "fixed_k4": 90.0, "scv": 95.0}
     steady = {"no_spec": 110.0, "fixed_k4": 99.0, "scv": 121.0}
     rows = [{"policy": p, "batch": b, "workload": "w", "tok_s": whole[p],
@@ -127,7 +125,7 @@ def test_scv_merge_takes_the_steady_window_where_every_policy_of_a_group_has_one
 def test_scv_merge_takes_the_hosts_speed_out_beside_the_headline(tmp_path):
     """Two policies equally fast at the same host speed; SCV's runs met a host twice as slow
     (``host.probe_ms``). The headline says SCV lost; the host-adjusted ratio says it did not."""
-    scv = importlib.import_module("scv_bench")
+    scv = importlib.import_module("benchmarks.scv_bench")
 
     def runs(probes: list[float]) -> list[dict]:  # throughput in inverse proportion to probe
         return [{"seconds": 1.0, "steady": {"seconds": probe / 4, "tokens": 100},
@@ -157,7 +155,7 @@ def test_scv_merge_pairs_each_repetitions_runs(tmp_path):
     best by the headline): the second repetition met a host twice as slow, for every policy
     alike (as interleaved runs meet it), and the paired ratios do not see it; the A/A
     control's are 1."""
-    scv = importlib.import_module("scv_bench")
+    scv = importlib.import_module("benchmarks.scv_bench")
 
     def runs(tok_s: list[float]) -> list[dict]:
         return [{"seconds": 1.0, "steady": {"seconds": 100 / v, "tokens": 100}} for v in tok_s]
@@ -190,7 +188,7 @@ def test_result_files_keep_their_structure_a_line_an_item_and_the_rest_compact()
     (``harness.results.result_json``): every device call carries the working tree, and indented
     result files had grown to 48 MB of it, pushing the devkit into eleven parts. Every file under
     ``benchmarks/results/`` is written that way, so that the tree stays small."""
-    written = importlib.import_module("harness.results")
+    written = importlib.import_module("benchmarks.harness.results")
     payload = {"cells": [{"batch": 128, "steps": [[1, 2.5], [3, None]], "tok_s": {"a": 1.0}}],
                "rows": [], "empty": {}}
     text = written.result_json(payload)
@@ -209,7 +207,7 @@ def test_result_files_keep_their_structure_a_line_an_item_and_the_rest_compact()
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
-    pauses = importlib.import_module("harness.engines").record_gc_pauses(at_least_ms=0.0)
+    pauses = importlib.import_module("benchmarks.harness.engines").record_gc_pauses(at_least_ms=0.0)
     try:
         gc.collect()
         assert [generation for generation, _ in pauses] == [2]
@@ -229,7 +227,8 @@ def test_slow_steps_show_where_the_host_was():
             held_on_purpose()
 
     llm = SimpleNamespace(llm_engine=SimpleNamespace(step=step))
-    slow = importlib.import_module("harness.engines").sample_slow_steps(llm, threshold=0.03)
+    engines = importlib.import_module("benchmarks.harness.engines")
+    slow = engines.sample_slow_steps(llm, threshold=0.03)
     for slow_step in (False, True, False):
         llm.llm_engine.step(slow_step)
     assert len(slow) == 1 and slow[0]["ms"] >= 120
@@ -242,7 +241,7 @@ def test_slow_steps_show_where_the_host_was():
 
 def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
     """``no_spec_aa`` (a second plain engine) is compared with the best other, never one."""
-    scv = importlib.import_module("scv_bench")
+    scv = importlib.import_module("benchmarks.scv_bench")
     assert scv.engine_kwargs("no_spec_aa", "t", "d", 8, 0.3) == scv.engine_kwargs(
         "no_spec", "t", "d", 8, 0.3)
     record = {"policies": ["no_spec", "no_spec_aa", "scv"], "gpu_memory_share": 0.3, "reps": 2,
@@ -259,17 +258,17 @@ def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
 
 
 def test_overhead_lengths_per_k():
-    overhead = importlib.import_module("nwor_overhead")
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
     assert overhead.lengths_for(2, ["1.5", "3.0", "k+1"]) == [1.5, 3.0]
     assert overhead.lengths_for(8, ["1.5", "3.0", "k+1"]) == [1.5, 3.0, 9.0]
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     rate = gpu_engines.rate_for_length(3.0, 4)
     assert abs(1 + rate + rate**2 + rate**3 + rate**4 - 3.0) < 1e-9
     assert gpu_engines.rate_for_length(5.0, 4) > 0.999999
 
 
 def test_overhead_cell_keeps_every_repetition():
-    overhead = importlib.import_module("nwor_overhead")
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
 
     def run(seconds: float) -> dict:
         return {"tokens": [[1, 2, 3, 4]] * 2, "seconds": seconds, "itl_median": seconds / 10,
@@ -293,8 +292,8 @@ def test_overhead_cell_keeps_every_repetition():
 
 
 def test_overhead_cell_compares_each_repetitions_median_step():
-    overhead = importlib.import_module("nwor_overhead")
-    summary = importlib.import_module("harness.engines").step_summary
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
+    summary = importlib.import_module("benchmarks.harness.engines").step_summary
     assert summary([]) is None
     # 10 steps: the trimmed mean leaves out the slowest and the fastest
     assert summary([0.001] * 8 + [0.0005, 0.1]) == {"steps": 10, "median": 1.0,
@@ -316,7 +315,7 @@ def test_overhead_cell_compares_each_repetitions_median_step():
 
 
 def test_overhead_pools_each_ratio_over_the_cells_with_an_aa_control():
-    pooled = importlib.import_module("nwor_overhead").pooled
+    pooled = importlib.import_module("benchmarks.nwor_overhead").pooled
 
     def cell(batch: int, on_off: float, aa: float | None) -> dict:
         c = {"method": "ngram", "batch": batch, "throughput_ratio_paired": on_off,
@@ -344,7 +343,7 @@ def test_overhead_pools_each_ratio_over_the_cells_with_an_aa_control():
 
 
 def test_pool_takes_a_cell_measured_again_from_the_later_file(tmp_path):
-    overhead = importlib.import_module("nwor_overhead")
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
 
     def cell(batch: int, on_off: float) -> dict:
         return {"method": "draft_model", "batch": batch, "k": 4, "L": 1.5,
@@ -367,7 +366,7 @@ def test_overhead_at_two_gpus_records_its_size_and_merges_one_size_at_a_time(tmp
     """``--tensor-parallel-size 2``: every engine at that size, recorded in its cells and the
     result's workload; runs of two sizes are not merged or pooled into one figure; a run cut
     short at its last cells merges from its partial record, said so in the result."""
-    overhead = importlib.import_module("nwor_overhead")
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
     assert overhead.engine_kwargs("t", "d", "ngram", 4, True, 8)["speculative_config"][
         "nwor"] and "tensor_parallel_size" not in overhead.engine_kwargs(
         "t", "d", "ngram", 4, True, 8)
@@ -398,7 +397,7 @@ def test_overhead_at_two_gpus_records_its_size_and_merges_one_size_at_a_time(tmp
 
 @pytest.mark.parametrize("flags", [["--time-nwor-host"], ["--profile-batches", "8"]])
 def test_overhead_refuses_in_process_diagnostics_at_two_gpus(monkeypatch, capsys, flags):
-    overhead = importlib.import_module("nwor_overhead")
+    overhead = importlib.import_module("benchmarks.nwor_overhead")
     monkeypatch.setattr(sys, "argv", ["nwor_overhead.py", "--tensor-parallel-size", "2", *flags])
     with pytest.raises(SystemExit):
         overhead.main()
@@ -413,7 +412,7 @@ def test_clock_sampler_samples_every_gpu_of_a_tensor_parallel_engine(monkeypatch
 
     import torch
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     clocks, power = {0: 1980, 1: 1500}, {0: 500_000, 1: 700_000}
     nvml = types.SimpleNamespace(
         NVML_CLOCK_SM=0, nvmlDeviceGetClockInfo=lambda handle, _: clocks[handle],
@@ -433,7 +432,7 @@ def test_clock_sampler_samples_every_gpu_of_a_tensor_parallel_engine(monkeypatch
 
 
 def test_run_diagnostics_on_a_machine_without_a_gpu():
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     assert gpu_engines.ClockSampler().stop() is None  # no NVML here: nothing reported
     before = gpu_engines.host_usage()
     sum(i * i for i in range(200_000))
@@ -448,7 +447,7 @@ def test_serving_at_fixed_concurrency_matches_generate(tiny_models):
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, _ = tiny_models
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 5
     prompts = PROMPTS[:5]
@@ -480,7 +479,7 @@ def test_interleaved_run_counts_its_own_slices_and_not_the_pauses(tiny_models):
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, draft = tiny_models
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 3
     prompts, pause = PROMPTS[:3], 0.3
@@ -513,8 +512,8 @@ def test_interleave_drives_the_benchmarks_engine_processes(tiny_models):
     other order: the same tokens from both engines, every way and time, and the interleaved
     runs took several slices each. The GPU sessions would otherwise find a broken protocol on
     device time."""
-    aa = importlib.import_module("interleave_aa_cpu")
-    gpu_engines = importlib.import_module("harness.engines")
+    aa = importlib.import_module("benchmarks.tools.interleave_aa_cpu")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, _ = tiny_models
     prompts = [[3 + i, 7, 11, 13, 17, 19, 23, 29] for i in range(6)]
     extra = [{gpu_engines.OUTPUT_LEN_KEY: 16}] * len(prompts)
@@ -540,7 +539,7 @@ def test_steady_window_runs_from_the_first_finish_to_the_last_admission(tiny_mod
     from engine_utils import engine
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, _ = tiny_models
     lengths = [3, 7, 5, 5]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
@@ -563,7 +562,7 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
 
     from torch.autograd import DeviceType
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
 
     def event(start, end, device=DeviceType.CUDA):
         return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
@@ -577,7 +576,7 @@ def test_gpu_busy_is_the_union_of_device_intervals_over_their_span():
 
 
 def test_counters_are_differenced_and_totalled_key_by_key_and_element_by_element():
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     before = {"counts": [1, 2], "seconds": [[1, 0.5], [0, 0.0]], "plans": 3}
     after = {"counts": [4, 2], "seconds": [[2, 1.5], [1, 0.25]], "plans": 5}
     assert gpu_engines.difference(after, before) == {
@@ -589,7 +588,7 @@ def test_counters_are_differenced_and_totalled_key_by_key_and_element_by_element
 def test_pinned_engines_get_cores_of_their_own(monkeypatch):
     import os
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     env, cores = gpu_engines.ENV_KEY, gpu_engines.ENGINE_CORES
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6})
     configs = {"a": {"model": "m"}, "b": {"model": "m", env: {"X": "1"}}, "c": {"model": "m"}}
@@ -601,7 +600,7 @@ def test_pinned_engines_get_cores_of_their_own(monkeypatch):
 
 
 def test_engine_core_in_its_own_process_keeps_each_engines_environment():
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     env, ablate = gpu_engines.ENV_KEY, gpu_engines.ABLATE_KEY
     configs = {"a": {"model": "m"}, "b": {"model": "m", env: {"VLLM_USE_V2_MODEL_RUNNER": "0"}}}
     own = gpu_engines.engine_core_in_own_process(configs)
@@ -624,7 +623,7 @@ def test_warm_up_verifies_every_chunk_size_and_gives_the_policy_back(tiny_models
     from engine_utils import PROMPTS, engine, spec_config
     from vllm import SamplingParams
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, draft = tiny_models
     params = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * 2
     held = {"scv": "adaptive", "scv_cost_model": [0.001, 1.0, 1.0], "scv_probe_interval": 10**6}
@@ -656,7 +655,7 @@ def test_benchmark_engine_reports_what_scv_did_in_a_run(tiny_models):
     step."""
     from engine_utils import PROMPTS, engine_options, spec_config
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, draft = tiny_models
     kwargs = engine_options(target, spec_config("draft_model", draft, scv="adaptive"))
     engines = gpu_engines.start_engines({"scv": kwargs})
@@ -696,7 +695,7 @@ def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
 
     import vllm_nwor
 
-    gpu_engines = importlib.import_module("harness.engines")
+    gpu_engines = importlib.import_module("benchmarks.harness.engines")
     target, draft = tiny_models
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     with engine(target, spec_config("draft_model", draft, nwor=True)) as llm:
@@ -713,7 +712,7 @@ def test_nwor_host_timer_counts_the_steps_work_only_with_nwor_on(tiny_models):
 def test_host_noise_summary_names_where_the_main_thread_ran_and_who_was_busy():
     """tools/host_noise.py: a run's window of samples gives the main thread's CPU, how busy that CPU
     and its siblings were, and the threads and processes over 5% of a CPU."""
-    noise = importlib.import_module("host_noise")
+    noise = importlib.import_module("benchmarks.tools.host_noise")
     tick = os.sysconf("SC_CLK_TCK")
     # 1 s apart; main thread 10 on CPU 3 all along, thread 11 idle; CPU 3 and its sibling 7
     # busy; another engine's process 99 at a fifth of a CPU.
@@ -733,7 +732,7 @@ def test_fit_replay_prices_steady_plans_at_their_own_requests():
     """tools/scv_fit_replay.py: steps that cost exactly 4 ms plus 1 ms a draft pass plus 0.1 ms a
     verified token are priced at what they took, at each plan's own number of requests (a
     batch draining to 3 requests among them), and the steady plans are found."""
-    replay = importlib.import_module("scv_fit_replay")
+    replay = importlib.import_module("benchmarks.tools.scv_fit_replay")
 
     def step(requests: int, budget: int) -> list:
         tokens = requests * (1 + budget)

@@ -12,10 +12,10 @@ request and step by step.
 from __future__ import annotations
 
 import pytest
-from cache_audit import runner_of
 from engine_utils import PROMPTS, engine, spec_config
 from vllm import SamplingParams
 
+from tests.support.cache_audit import runner_of
 from vllm_nwor.inspect import disable_lazy_draft_sync, lazy_draft_sync, scv_policy
 from vllm_nwor.patches.scv.draft_sync import LazyDraftSync
 

@@ -14,13 +14,9 @@ sliding window so that it stays within its training distribution (``long_run_pai
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from draft_window_pair import SEGMENT, by_segment, run  # noqa: E402
+from benchmarks.draft_window_pair import SEGMENT, by_segment, run
 
 NEW_TOKENS = 2048
 

@@ -17,11 +17,11 @@ heads: greedy output unchanged.
 from __future__ import annotations
 
 import pytest
-from cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
 from engine_utils import PROMPTS, engine, record_chunks, spec_decode_stats, target_layers
 from vllm import SamplingParams
 
 import vllm_nwor
+from tests.support.cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
 
 
 @pytest.fixture(scope="module")

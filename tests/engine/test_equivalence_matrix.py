@@ -13,13 +13,10 @@ code) is recorded under benchmarks/results/equivalence_gpu_*.json.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import equivalence  # noqa: E402
+from benchmarks import equivalence
 
 CPU_CASES = {case.name: case for case in equivalence.cases(on_cuda=False)}
 RUN = ["defaults_draft_model", "defaults_ngram", "preemption", "block_size_32_k5",
@@ -54,11 +51,11 @@ def test_nwor_on_gives_vllms_tokens_under_vllms_defaults(models, name):
 def test_under_load_nwor_keeps_vllms_schedule_and_tokens(models, name, tmp_path):
     """KV pressure that preempts again and again, and at tensor parallelism 2 prompts prefilled
     in chunks beside verify steps: both engines (each in its own process, with the per-step
-    trace of tests/common/engine_trace.py) schedule, preempt and sample exactly alike at every
+    trace of tests/support/engine_trace.py) schedule, preempt and sample exactly alike at every
     step. Logits are left out: the CPU's staged attention is a reference. (Seen failing with the
     NWOR side given 64 tokens less KV cache: 14 preemptions against 17, the trace parting at
     step 10's schedule.)"""
-    import engine_trace
+    from tests.support import engine_trace
 
     case = CPU_CASES[name]
     row = equivalence.run_case(case, models[name], on_cuda=False, run=equivalence.probe,

@@ -1,6 +1,6 @@
 """After every step, a target layer's paged cache holds exactly the committed tokens.
 
-The audit (``tests/common/cache_audit.py``) fills each block with a sentinel when the scheduler
+The audit (``tests/support/cache_audit.py``) fills each block with a sentinel when the scheduler
 hands it to a request and checks, after every step, that committed tokens are written and that
 nothing past them is. With NWOR off the same check must fail: vLLM writes rejected drafts into
 the cache.
@@ -9,8 +9,9 @@ the cache.
 from __future__ import annotations
 
 import pytest
-from cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
 from engine_utils import engine, generate, spec_config, spec_decode_stats, target_layers
+
+from tests.support.cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])

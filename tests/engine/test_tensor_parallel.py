@@ -2,7 +2,7 @@
 the KV heads and staging and committing its own.
 
 Each engine runs in a fresh process (``tp_probe.py``) with the soak's per-step audit plugin
-(``tests/common/soak_audit.py``) loaded into both workers of the NWOR-on engine: after every
+(``tests/support/soak_audit.py``) loaded into both workers of the NWOR-on engine: after every
 step, on every rank, the cache holds the committed tokens and nothing past them, and NWOR's
 counters moved by exactly that step's verdict. Then: NWOR on vs off gives the same greedy tokens
 and logprobs, both ranks' counters are equal, and they equal vLLM's spec-decode stats.
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from engine_utils import run_probe
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
-
-import soak_audit  # noqa: E402
-from engine_utils import run_probe  # noqa: E402
+from tests.support import pythonpath, soak_audit
 
 
 def _cpus() -> list[int]:
@@ -36,8 +33,7 @@ def _run(models: tuple[str, str], nwor: str, site: Path, audit_dir: Path | None,
     # One core per worker: vLLM's automatic binding wants a NUMA node per worker.
     first, second = _cpus()[:2]
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{first}|{second}")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (soak_audit.install(site), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = pythonpath(soak_audit.install(site), env=env)
     env.pop(soak_audit.ENV_DIR, None)
     if audit_dir is not None:
         env[soak_audit.ENV_DIR] = str(audit_dir)

@@ -9,14 +9,12 @@ requests' tokens and logprobs, vLLM's spec-decode stats, and with NWOR on every 
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from engine_utils import PROMPTS, engine, spec_config, spec_decode_stats  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
+from engine_utils import PROMPTS, engine, spec_config, spec_decode_stats
+from vllm import SamplingParams
 
 
 def main(target: str, draft: str, nwor: str, keys: str = "{}") -> None:

@@ -21,27 +21,26 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "common"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from cache_audit import (  # noqa: E402
+from vllm import LLM, SamplingParams
+
+import vllm_nwor
+from tests.support.cache_audit import (
     CacheAudit,
     is_v2_runner,
     read_flash_attn_tokens,
     runner_of,
 )
-from step_record import record_dispatches  # noqa: E402
-from vllm import LLM, SamplingParams  # noqa: E402
-
-import vllm_nwor  # noqa: E402
-from vllm_nwor.inspect import (  # noqa: E402
+from tests.support.step_record import record_dispatches
+from vllm_nwor.inspect import (
     disable_lazy_draft_sync,
     interceptor_of,
     lazy_draft_sync,
     scheduler_of,
 )
-from vllm_nwor.inspect import scv_policy as policy_of  # noqa: E402
-from vllm_nwor.patches.nwor.model_runner import attention_layers  # noqa: E402
+from vllm_nwor.inspect import scv_policy as policy_of
+from vllm_nwor.patches.nwor.model_runner import attention_layers
 
 PROMPTS = [
     [(7 * i + 13 * j) % 500 + 2 for j in range(length)]

@@ -34,7 +34,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from step_record import token_agreement as agreement
+
+from tests.support import pythonpath
+from tests.support.step_record import token_agreement as agreement
 
 HERE = Path(__file__).parent
 K = 3
@@ -61,6 +63,7 @@ def probe(tmp_path, spec: dict, v2: bool) -> dict:
         env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # vLLM's own choice: V2 for these methods
     else:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    env["PYTHONPATH"] = pythonpath(env=env)  # the repository root: tests.support
     out = tmp_path / f"probe-{len(list(tmp_path.iterdir()))}.json"
     proc = subprocess.run(
         [sys.executable, str(HERE / "engine_probe_gpu.py"), json.dumps({**spec, "v2": v2}),

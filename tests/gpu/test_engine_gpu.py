@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import step_record
-from step_record import token_agreement as agreement
+
+from tests.support import pythonpath, step_record
+from tests.support.step_record import token_agreement as agreement
 
 HERE = Path(__file__).parent
 
@@ -40,7 +41,8 @@ def probe(models, tmp_path, method, nwor, **spec) -> dict:
     out = tmp_path / f"probe-{len(list(tmp_path.iterdir()))}.json"
     proc = subprocess.run(
         [sys.executable, str(HERE / "engine_probe_gpu.py"), json.dumps(spec), str(out)],
-        capture_output=True, text=True, timeout=500, env=dict(os.environ),
+        capture_output=True, text=True, timeout=500,
+        env={**os.environ, "PYTHONPATH": pythonpath()},  # the root: tests.support
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text()) | {"method": method}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE
 from test_kernels import DTYPE, SENTINEL, layer_caches, rows
 
-from conftest import DEVICE
 from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.nwor.kv_staging import ScratchStaging, StagingBuffer

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import DEVICE, ON_GPU
+
 from vllm_nwor.nwor.kernels.commit_kv import cache_offsets, commit_kv, commit_kv_reference
 from vllm_nwor.nwor.kernels.scratch import plan_scratch, plan_scratch_reference, scratch_blocks
 

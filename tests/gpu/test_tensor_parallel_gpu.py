@@ -13,7 +13,7 @@ batches. The workload is the matrix's: shared prefixes, chunked prefill beside v
 stops inside accepted drafts, prefix-cache hits on committed blocks and on a block completed in
 the same step, then seeded sampling at temperature 0.8 (one request with ``n=3``).
 
-The audit plugin (tests/common/soak_audit.py) runs in every worker of both engines: after every
+The audit plugin (tests/support/soak_audit.py) runs in every worker of both engines: after every
 step, on every rank, the cache holds the committed tokens and nothing past them, NWOR's counters
 moved by exactly that step's verdict, and the worker records its graph dispatches.
 
@@ -25,14 +25,12 @@ every rank's audit and counters), kept across runs of one case at a time
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import equivalence  # noqa: E402
+from benchmarks import equivalence
 
 CASES = {case.name: case for case in equivalence.cases(on_cuda=True)
          if case.tensor_parallel_size == 2}

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from served_model import write_served_model  # noqa: E402
-from server_process import VllmServer  # noqa: E402
+from tests.support.served_model import write_served_model
+from tests.support.server_process import VllmServer
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
          "prompt_lookup_min": 1}
@@ -20,7 +16,7 @@ STARTUP_TIMEOUT_S = 300
 
 @pytest.fixture(scope="session")
 def served_model(tmp_path_factory) -> str:
-    """The served model's directory (see served_model.py to swap in another model)."""
+    """The served model's directory (see tests/support/served_model.py to swap in another model)."""
     return write_served_model(tmp_path_factory.mktemp("served-model"))
 
 

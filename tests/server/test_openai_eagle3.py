@@ -26,8 +26,9 @@ from openai_traffic import (
     spec_metrics,
     without,
 )
-from served_model import write_byte_tokenizer
-from server_process import VllmServer
+
+from tests.support.served_model import write_byte_tokenizer
+from tests.support.server_process import VllmServer
 
 pytestmark = pytest.mark.engine
 

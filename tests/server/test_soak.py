@@ -3,7 +3,7 @@
 Two servers with vLLM's defaults and the shipped pair, NWOR and NWOR + adaptive SCV, take
 mixed traffic at the same time: completions and chat, streamed and not, greedy and sampled,
 ``n=2``, stops, client aborts mid-stream. Every engine step is audited inside the server
-(tests/common/soak_audit.py): the paged cache holds no rejected draft, NWOR's counters moved by
+(tests/support/soak_audit.py): the paged cache holds no rejected draft, NWOR's counters moved by
 exactly the sampler's verdict; /metrics counters never go down, and the run ends with NWOR's
 counters equal to vLLM's stats (up to the drafts of requests that ended mid-step) and memory
 flat. The same soak with NWOR off (docs/equivalence.md, the soak's negative control) finds the
@@ -12,16 +12,12 @@ rejected drafts vLLM's plain write path puts in the cache.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-
-import soak  # noqa: E402
+from benchmarks import soak
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""The trace diff (tests/common/engine_trace.py) names the first step where two engines part,
+"""The trace diff (tests/support/engine_trace.py) names the first step where two engines part,
 and the field that parted first: the schedule, the batch, the forward (logits), the sampled
 tokens. Each case is two hand-made traces that differ in one place (no vLLM here; the GPU
 matrix's rows carry real ones: docs/equivalence.md)."""
@@ -9,7 +9,8 @@ import copy
 import json
 
 import pytest
-from engine_trace import first_difference, read, request_key, summary
+
+from tests.support.engine_trace import first_difference, read, request_key, summary
 
 
 def trace(steps: int = 4) -> dict:

@@ -7,17 +7,12 @@ plain write puts in the cache, is recorded in benchmarks/results/soak_2026-11-28
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-
-from soak_audit import ENV_DIR, StepAudit, read_status  # noqa: E402
-
-import soak  # noqa: E402
+from benchmarks import soak
+from tests.support.soak_audit import ENV_DIR, StepAudit, read_status
 
 
 class Verdicts:

@@ -1,4 +1,4 @@
-"""The worker's graph record (tests/common/step_record.py) counts the steps it is meant to, on a
+"""The worker's graph record (tests/support/step_record.py) counts the steps it is meant to, on a
 stand-in runner (no vLLM here): vLLM's dummy runs (profiling, warm-up, graph capture) call the
 same dispatch method as real steps and must not be counted."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from step_record import full_verify_steps, record_dispatches
+from tests.support.step_record import full_verify_steps, record_dispatches
 
 
 class Runner:

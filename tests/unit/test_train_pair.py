@@ -6,7 +6,6 @@ No vLLM here; transformers loads what the script writes.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+from scripts import train_pair
 
-import train_pair  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 TINY = train_pair.ModelSpec("tiny", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                             intermediate_size=48, steps=3, batch_size=2, lr=1e-2, warmup=1)

@@ -20,7 +20,7 @@ returns the ``PYTHONPATH`` for the engine's processes; ``$NWOR_TRACE_DIR`` switc
 Request ids are recorded without the random suffix vLLM adds (``"3-1a2b3c4d"`` -> ``"3"``), so
 two engines' traces name the same requests alike.
 
-    python tests/common/engine_trace.py diff DIR_A DIR_B    # the first step where they part
+    python -m tests.support.engine_trace diff DIR_A DIR_B    # the first step where they part
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 
 def install(site: Path) -> str:
     """Makes ``site`` hold the plugin's metadata; returns the ``PYTHONPATH`` for the engine."""
-    from soak_audit import install_plugin
+    from tests.support.soak_audit import install_plugin
 
     return install_plugin(site, "engine_trace")
 
@@ -251,7 +251,7 @@ def summary(trace: dict) -> dict:
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] != "diff":
-        sys.exit("usage: engine_trace.py diff DIR_A DIR_B")
+        sys.exit("usage: python -m tests.support.engine_trace diff DIR_A DIR_B")
     ta, tb = read(Path(sys.argv[2])), read(Path(sys.argv[3]))
     print(json.dumps({"a": summary(ta), "b": summary(tb),
                       "first_difference": first_difference(ta, tb)}, indent=1))

@@ -1,6 +1,6 @@
 """The per-step audit inside a real ``vllm serve``: a test-only vLLM general plugin.
 
-A soak run (``benchmarks/soak.py``) cannot reach into the server's engine, so the audit rides
+A soak run (``python -m benchmarks.soak``) cannot reach into the server's engine, so the audit rides
 in with vLLM's own plugin mechanism: :func:`install` writes the metadata of a distribution
 ``nwor-soak-audit`` whose ``vllm.general_plugins`` entry point is :func:`register`, and returns
 the ``PYTHONPATH`` that makes the server's processes find it. In the worker, once the KV cache
@@ -26,6 +26,8 @@ import os
 import time
 from pathlib import Path
 
+from tests.support import pythonpath
+
 ENV_DIR = "NWOR_SOAK_AUDIT_DIR"
 MAX_LISTED = 20  # violations kept verbatim; all are counted
 MAX_MEMORY_SAMPLES = 1000  # memory samples kept, thinned to half when there are more
@@ -38,15 +40,16 @@ def install(site: Path) -> str:
 
 def install_plugin(site: Path, module: str) -> str:
     """Makes ``site`` hold the metadata of a distribution ``nwor-<module>`` whose
-    ``vllm.general_plugins`` entry point is ``<module>.register`` (a module of this folder);
-    returns the ``PYTHONPATH`` that lets an engine's processes find both."""
+    ``vllm.general_plugins`` entry point is ``tests.support.<module>:register``; returns the
+    ``PYTHONPATH`` that lets an engine's processes find both (``site`` and the repository
+    root)."""
     dist = Path(site) / f"nwor_{module}-0.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
     name = "nwor-" + module.replace("_", "-")
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        f"[vllm.general_plugins]\nnwor_{module} = {module}:register\n")
-    return os.pathsep.join([str(site), str(Path(__file__).parent)])
+        f"[vllm.general_plugins]\nnwor_{module} = tests.support.{module}:register\n")
+    return pythonpath(site, env={})
 
 
 def register() -> None:
@@ -97,10 +100,13 @@ def read_status(directory: Path) -> list[dict]:
 class StepAudit:
     @classmethod
     def attach(cls, runner) -> None:
-        from cache_audit import CacheAudit, read_cpu_attn_tokens, read_flash_attn_tokens
-        from step_record import WorkerRecord
-
         import vllm_nwor
+        from tests.support.cache_audit import (
+            CacheAudit,
+            read_cpu_attn_tokens,
+            read_flash_attn_tokens,
+        )
+        from tests.support.step_record import WorkerRecord
         from vllm_nwor.patches.nwor.model_runner import attention_layers
 
         layers = attention_layers(runner.get_model())

@@ -2,7 +2,7 @@
 
 ``write_served_model`` is the only thing the server tests need from a model; to test on another
 model (for example the small pair under ``models/``), make the ``served_model`` fixture in
-``conftest.py`` return its directory instead.
+``tests/server/conftest.py`` return its directory instead.
 
 The tokenizer is byte-level BPE without merges (every byte is a token), written offline with
 ``tokenizers``: ids 0 and 1 are ``<s>`` and ``</s>`` (the model's bos/eos), then the 256 byte

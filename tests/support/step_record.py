@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 
-from cache_audit import is_v2_runner
+from tests.support.cache_audit import is_v2_runner
 
 
 def record_dispatches(runner) -> dict[str, int]:
