@@ -18,10 +18,14 @@ import pytest
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.engine.arg_utils import EngineArgs
-from vllm.v1.attention.backends.flash_attn import (FlashAttentionBackend,
-                                                   FlashAttentionMetadataBuilder)
-from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend,
-                                                    TritonAttentionMetadataBuilder)
+from vllm.v1.attention.backends.flash_attn import (
+    FlashAttentionBackend,
+    FlashAttentionMetadataBuilder,
+)
+from vllm.v1.attention.backends.triton_attn import (
+    TritonAttentionBackend,
+    TritonAttentionMetadataBuilder,
+)
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 from vllm.v1.worker.utils import AttentionGroup
