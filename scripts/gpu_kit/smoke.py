@@ -50,7 +50,8 @@ def run(method: str, root: str, backend: str) -> dict:
 
     row = {
         "method": method, "vllm": vllm.__version__, "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "runner": type(runner).__module__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "runner": type(runner).__module__,
         "attention_backend": str(config.attention_config.backend),
         "compilation_mode": str(config.compilation_config.mode),
         "cudagraph_mode": str(config.compilation_config.cudagraph_mode),

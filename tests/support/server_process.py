@@ -63,11 +63,12 @@ CPU has no graphs."""
 
 class VllmServer:
     """``args`` are vLLM's options besides the model, address and speculative config; ``env``
-    is added to this process's environment (``CPU_ENV`` off CUDA)."""
+    is added to this process's environment (``CPU_ENV`` off CUDA); ``cwd``: where relative
+    model paths start."""
 
     def __init__(self, model: str, speculative_config: dict, log_path: Path,
                  extra_args: tuple[str, ...] = (), args: tuple[str, ...] = TEST_ARGS,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.model = model
         self.port = free_port()
         self.log_path = log_path
@@ -79,7 +80,7 @@ class VllmServer:
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT,
             env={**inherited_env(), **(CPU_ENV if env is None else env)},
-            start_new_session=True,
+            start_new_session=True, cwd=cwd,
         )
 
     @property
