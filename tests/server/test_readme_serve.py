@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from server_process import VllmServer
+from tests.support.server_process import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 600
