@@ -370,6 +370,11 @@ def tokenizer_json() -> dict:
     }
 
 
+# Chat requests to ``vllm serve``: the messages' contents, one per line, continued as code.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}"
+                 "{% if not loop.last %}\n{% endif %}{% endfor %}")
+
+
 def tokenizer_config() -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -381,6 +386,7 @@ def tokenizer_config() -> dict:
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": True,
         "model_max_length": CONTEXT,
+        "chat_template": CHAT_TEMPLATE,
     }
 
 
