@@ -178,7 +178,7 @@ class SpecStepRecorder:
     Needs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and vLLM's
     stats on (``disable_log_stats=False``). It wraps two methods of the scheduler instance:
     ``schedule``, for the drafts each decode step verifies per request (0 where SCV chose plain
-    decoding), and ``make_spec_decoding_stats``, which vLLM 0.26 calls once per request and
+    decoding), and ``make_spec_decoding_stats``, which vLLM calls once per request and
     speculative step with the numbers it adds to ``vllm:spec_decode_num_draft_tokens`` and
     ``vllm:spec_decode_num_accepted_tokens``. So the acceptance lengths are vLLM's own counts.
     """
@@ -226,8 +226,8 @@ def write_mimo_mtp_config(root: str | Path, *, hidden_size: int = 256, num_heads
                           vocab_size: int = 512) -> str:
     """Writes the config of a tiny MiMo model (``MiMoForCausalLM``: a Qwen2 decoder with one MTP
     layer); returns its directory. Load it with ``load_format="dummy"`` and draft with
-    ``{"method": "mtp"}``. MiMo is the dense model with an MTP layer that vLLM 0.26 runs on its
-    V2 runner with FLASH_ATTN (the other MTP models are MoE, hybrid, MLA or multimodal)."""
+    ``{"method": "mtp"}``. MiMo was the dense model with an MTP layer that vLLM 0.26 ran on its
+    V2 runner with FLASH_ATTN (its other MTP models were MoE, hybrid, MLA or multimodal)."""
     target = Path(root) / "mimo"
     target.mkdir(parents=True, exist_ok=True)
     config = {

@@ -22,8 +22,9 @@ draft row
     of request ``i`` are its last ``num_draft_tokens[i]`` scheduled tokens; the rows before them
     (the request's last sampled token, or prompt tokens) are not drafts.
 staged
-    A draft row whose K/V sits in the :class:`~vllm_nwor.nwor.kv_staging.StagingBuffer`
-    instead of the paged KV cache.
+    A draft row whose K/V waits for the verdict outside the blocks the scheduler gave its
+    request: in the :class:`~vllm_nwor.nwor.kv_staging.StagingBuffer`, or in scratch KV blocks
+    (:class:`~vllm_nwor.nwor.kv_staging.ScratchStaging`, FLASH_ATTN).
 chunk
     One request's rows in one verify step: its last sampled token and its drafts (or a prompt
     chunk, for a request without drafts). Verify attention sees the chunk from the layer's own
@@ -32,7 +33,8 @@ committed
     A staged token whose draft rejection sampling accepted. Its K/V is written to the paged KV
     cache for every layer, through the one slot mapping all layers share.
 rejected
-    A staged token whose draft was rejected. Its K/V never reaches the paged KV cache.
+    A staged token whose draft was rejected. Its K/V never reaches a block the scheduler gave a
+    request (on FLASH_ATTN it was written to a scratch block).
 fallback
     The step takes vLLM's plain write path for every token that must be in the cache. Counted by
     :class:`~vllm_nwor.nwor.counters.FallbackReason`. A fallback never loses an accepted

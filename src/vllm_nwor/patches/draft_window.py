@@ -1,8 +1,9 @@
 """Draft context window for draft_model: each request is drafted from its last W tokens.
 
-vLLM 0.26 caps drafting at the draft model's own max length: as soon as one request in the
-batch is longer, ``GPUModelRunner._input_fits_in_drafter`` zeroes the drafts of the *whole*
-batch. With ``"draft_context_window": W``:
+vLLM's V1 runner caps drafting at the draft model's own max length: as soon as one request in
+the batch is longer, ``GPUModelRunner._input_fits_in_drafter`` zeroes the drafts of the *whole*
+batch. The window hooks V1's draft proposer; on the V2 runner (a GPU's default on vLLM 0.32) the
+key is refused at start-up (``patches/engine_args.py``). With ``"draft_context_window": W``:
 
 - the draft's length limit is lifted to the target's (plus the draft steps), and its rotary
   table sized to match, so no request is ever too long to draft and no batch loses its drafts;

@@ -50,7 +50,7 @@ pays for the drafter's preparation and the rejection sampler (``drafting``); the
 ``D`` passes one after the other, each with its own launches whatever the batch
 (``per_pass``), over ``n`` tokens each (``per_draft``). The
 ``off_graph`` term is what running without a FULL CUDA graph costs: a decode batch replays one
-when its requests all verify the same number of drafts (``patches/decode_graphs.py``; any
+when its requests all verify the same number of drafts (``patches/scv/decode_graphs.py``; any
 batch with vLLM's ``cudagraph_mode`` ``FULL``) and it fits vLLM's largest graph; otherwise
 it runs PIECEWISE or eagerly. At low concurrency a verified token costs little and long
 chunks pay; at high concurrency it costs more and they do not.

@@ -245,7 +245,7 @@ class StepCostModel:
     def _row_weights(self, kept: Mapping[tuple[int, int], int]) -> np.ndarray | None:
         """Each kept step's weight in the fit, in the order :meth:`_refit` stacks them (``kept``:
         by band and budget, the steps kept); None: all alike. A variant of the fit overrides
-        this (``benchmarks/scv_fit_replay.py``)."""
+        this (``benchmarks/tools/scv_fit_replay.py``)."""
         return None
 
 

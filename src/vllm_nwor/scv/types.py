@@ -115,8 +115,8 @@ class ScvSettings:
     drafts (vLLM's ``cudagraph_mode`` ``FULL``); otherwise only uniform ones do."""
     lazy_draft_sync: bool = False
     """Whether a step at draft budget 0 skips the drafter, which then catches a request up on
-    the positions it skipped before drafting it again (draft_model,
-    :mod:`vllm_nwor.patches.draft_sync`): the policy then keeps each request's positions
+    the positions it skipped before drafting it again (draft_model on the V1 runner,
+    :mod:`vllm_nwor.patches.scv.draft_sync`): the policy then keeps each request's positions
     behind and prices their catch-up."""
     probe_cost: float = 0.01
     """The share of the engine's measured time that learning steps may cost: shared probe

@@ -76,7 +76,7 @@ class Launcher:
     were for the first, call its launcher directly, each tensor passed as its address. (Given
     a tensor, the launcher calls its ``data_ptr`` and asks the driver whether the address is a
     device's, for every tensor of every launch: host time the commit's launch, with ten
-    tensors, saves with addresses; ``benchmarks/nwor_step_host.py`` measures it.)
+    tensors, saves with addresses; ``benchmarks/tools/nwor_step_host.py`` measures it.)
     Anything else (a tensor not so aligned, a launch hook such as a profiler's) takes the JIT
     every time.
 

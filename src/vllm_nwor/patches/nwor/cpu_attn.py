@@ -1,10 +1,10 @@
 """CPU_ATTN patches: staged KV writes and chunk-verify attention on vLLM's CPU backend.
 
-vLLM 0.26's CPU backend writes a layer's KV twice: in ``do_kv_cache_update`` and again inside
-``forward`` (fixed upstream by 0.33). In a staged verify step both are intercepted:
+vLLM 0.32's CPU backend writes a decoder layer's KV in ``do_kv_cache_update`` only (its
+``forward`` writes for encoder attention alone). In a staged verify step both are intercepted:
 ``do_kv_cache_update`` hands the write to the interceptor (drafts staged, other rows written), and
-``forward`` computes attention over the committed prefix merged with the step's chunk itself, so
-its second write never happens. Every other call goes to vLLM unchanged.
+``forward`` computes attention over the committed prefix merged with the step's chunk itself,
+without calling vLLM's. Every other call goes to vLLM unchanged.
 
 The CPU attention kernel returns no log-sum-exp, so the staged step's attention is the PyTorch
 reference in :mod:`vllm_nwor.nwor.attention`, reading the cache through a layout learned from the

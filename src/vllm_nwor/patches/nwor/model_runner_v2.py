@@ -1,5 +1,6 @@
-"""Runner patches for vLLM 0.26's V2 model runner (``vllm/v1/worker/gpu/model_runner.py``), where
-EAGLE, EAGLE-3 and MTP run on dense models by default. Per step it goes through::
+"""Runner patches for vLLM 0.32's V2 model runner (``vllm/v1/worker/gpu/model_runner.py``), on
+which a GPU runs every speculative method by default (draft_model, ngram, EAGLE, EAGLE-3, MTP).
+Per step it goes through::
 
     execute_model:  prepare_inputs -> prepare_attn -> target forward (FULL graph, piecewise
                     or eager; every layer: KV write, attention)
@@ -9,7 +10,8 @@ EAGLE, EAGLE-3 and MTP run on dense models by default. Per step it goes through:
 The attention side is the V1 runner's (V2 drives the same ``Attention`` layers and
 ``FlashAttentionImpl``), so only the runner side differs:
 
-- bind once the KV cache exists (``initialize_kv_cache``; V2 has no profiling cache);
+- bind once the KV cache exists (``initialize_kv_cache``; not to the cache of vLLM's profiling
+  pass, which is thrown away);
 - begin each verify step when ``prepare_inputs`` has placed the drafts (batch order, draft
   counts and query starts are on the host there);
 - commit right after ``sample``: after the verdict, before ``postprocess_sampled`` advances the
@@ -20,8 +22,9 @@ The attention side is the V1 runner's (V2 drives the same ``Attention`` layers a
 - ``warmup_kernels``: vLLM's start-up warm-up runs a real verify step through the runner (so
   NWOR's kernels are compiled before the first request); NWOR's counters start after it.
 
-The speculator's own layers (EAGLE, EAGLE-3, MTP heads) are not bound: they keep vLLM's write.
-They read the target's hidden states, not its KV cache, and run after the commit.
+The speculator's own layers (EAGLE, EAGLE-3 and MTP heads, a draft model's layers) are not
+bound: they keep vLLM's write, and run after the commit. EAGLE heads read the target's hidden
+states, not its KV cache.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FULL CUDA graphs for SCV's decode batches of every chunk size, not only vLLM's ``1 + k``.
 
-With speculative decoding, vLLM 0.26 captures its FULL decode graphs for batches whose requests
-all have ``1 + k`` tokens (``uniform_decode_query_len``), in sizes that are multiples of
+With speculative decoding, vLLM's V1 runner captures its FULL decode graphs for batches whose
+requests all have ``1 + k`` tokens (``uniform_decode_query_len``), in sizes that are multiples of
 ``1 + k``. SCV's draft budget ``D`` varies from step to step, so a batch where every request
 verifies ``D < k`` drafts (``1 + D`` tokens each; ``D = 0`` is plain decoding) is uniform but
 not vLLM's shape, and the target model runs PIECEWISE: attention and the KV update leave the
@@ -17,7 +17,8 @@ the full batch of ``max_num_seqs`` requests. The keys (``num_reqs == num_tokens 
 differ from vLLM's and from each other. Capture and dispatch run vLLM's own code with
 ``uniform_decode_query_len`` set to ``q`` and the dispatcher's padding table set to ``q``'s
 sizes for the duration of the call. If capturing fails, the extra graphs are dropped and such
-batches run PIECEWISE, as without this patch.
+batches run PIECEWISE, as without this patch. (On the V2 runner SCV uses vLLM's varlen decode
+graphs instead: :mod:`~vllm_nwor.patches.scv.decode_graphs_v2`.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """ngram_gpu with SCV: a step that verifies no drafts does not wait for the drafter.
 
-vLLM 0.26's ``ngram_gpu`` drafter proposes on the GPU, and some of its draft slots have no
-n-gram match. So at the start of the next step the runner waits for the drafter's count of valid
-drafts per request (``update_scheduler_for_invalid_drafts``, an event sync) and trims the rest.
+On vLLM's V1 runner the ``ngram_gpu`` drafter proposes on the GPU, and some of its draft slots
+have no n-gram match. So at the start of the next step the runner waits for the drafter's count
+of valid drafts per request (``update_scheduler_for_invalid_drafts``, an event sync) and trims
+the rest.
 With async scheduling that wait ends the overlap: the host prepares the step only once the GPU
 has finished the previous one, drafter included.
 

@@ -1,14 +1,15 @@
 """Scheduler patches for SCV: size each request's verify chunk; tell the drafter how many to draft.
 
-vLLM 0.26's scheduler verifies whatever drafts a request holds in ``spec_token_ids``, and the
+vLLM's scheduler verifies whatever drafts a request holds in ``spec_token_ids``, and the V1
 model runner drafts ``SchedulerOutput.num_spec_tokens_to_schedule`` tokens per request (0 keeps
-the drafter's KV in sync but proposes nothing). SCV uses exactly these two levers:
+the drafter's KV in sync but proposes nothing); the V2 runner's speculators draft k every step.
+SCV uses exactly these two levers:
 
 - once per step, when the batch is scheduled (``_update_after_schedule``), the policy plans
   the chunk of every request that will get drafts after this step, and
   ``num_spec_tokens_to_schedule`` becomes the longest planned chunk (the draft budget); a
-  drafter that can only propose all k (ngram_gpu, :data:`WHOLE_K_DRAFTERS`) is asked for k
-  (:attr:`ScvSettings.drafter_proposes`);
+  drafter that can only propose all k (ngram_gpu, :data:`WHOLE_K_DRAFTERS`, and every drafter
+  on the V2 runner) is asked for k (:attr:`ScvSettings.drafter_proposes`);
 - when those drafts arrive (``update_draft_token_ids``; with async scheduling, when the
   ``AsyncScheduler`` sets draft placeholders), each request's drafts are cut to its chunk size;
 - after each step's verdicts (``update_from_output``), the policy observes every request's chunk
@@ -17,7 +18,8 @@ the drafter's KV in sync but proposes nothing). SCV uses exactly these two lever
 
 With telemetry on, each step's requests that run at chunk 0 (the plan they were scheduled under
 gave them no drafts) are counted for the ``vllm:scv_*`` metrics; the steps with drafts are
-counted by the telemetry's own scheduler patch (``telemetry_engine.py``), with vLLM's counts.
+counted by the telemetry's own scheduler patch (``patches/telemetry/engine.py``), with vLLM's
+counts.
 
 Greedy outputs are unchanged: verifying fewer drafts never changes which tokens are emitted.
 """
@@ -45,7 +47,7 @@ POLICY_ATTR = "_nwor_scv"
 
 WHOLE_K_DRAFTERS = ("ngram_gpu", "suffix", "medusa")
 """Speculative methods whose drafter proposes exactly ``num_speculative_tokens`` drafts a step
-(vLLM 0.26 asserts it in their ``propose``), and whose drafting state (ngram_gpu's token ids on
+(vLLM asserts it in their ``propose``), and whose drafting state (ngram_gpu's token ids on
 the GPU) moves on every step: SCV asks them for all k and cuts every request to its chunk."""
 
 
