@@ -13,6 +13,10 @@ Acceptance is real rejection sampling: with dummy weights the draft nearly alway
 the target, and vLLM's zeroed drafts are rejected. (Synthetic acceptance would accept zeroed
 drafts like real ones and hide the batch-wide drop.)
 
+The window needs vLLM's V1 runner. On vLLM 0.32 a GPU runs draft_model on the V2 runner, where
+``draft_context_window`` is refused at start-up; this benchmark does not set
+``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32.
+
     python -m benchmarks.draft_window_bench --window 256 --jsonl $OUT/draft_window_bench.jsonl
     python -m benchmarks.draft_window_bench --merge draft_window_bench.jsonl \\
         --result benchmarks/results/draft_window_<date>_<gpu>.json

@@ -18,7 +18,7 @@ why in its ``why``. Every case's workload has two rounds in one engine:
 
 Greedy requests must match token for token, and their logprobs bit for bit where verify
 attention is vLLM's own call (FLASH_ATTN); on the CPU, NWOR's staged attention is a PyTorch
-reference, so logprobs are compared within a tolerance. Seeded sampling is not reproducible
+reference, so logprobs are compared within a tolerance. Seeded sampling was not reproducible
 across vLLM 0.26 engines even with NWOR off (an A/A case measures it): its requests must have
 identical logprobs up to the first token that differs, and are reported, not required equal.
 
@@ -312,10 +312,11 @@ WORKLOADS = {
 
 
 def round_sampled(vocab: int, on_cuda: bool) -> list[tuple[list[int], dict]]:
-    """Sampling at temperature 0.8, in a round of its own: vLLM 0.26 does not reproduce it
+    """Sampling at temperature 0.8, in a round of its own: vLLM 0.26 did not reproduce it
     across engines with speculative decoding, and greedy requests that share its batches would
-    then meet different batch shapes. Seeded on the GPU; on the CPU a seeded request stops the
-    engine in vLLM 0.26 ("CPU Generator does not use offset", with NWOR off too)."""
+    then meet different batch shapes. Seeded on the GPU; on the CPU a seeded request stopped the
+    engine in vLLM 0.26 ("CPU Generator does not use offset", with NWOR off too; not checked on
+    0.32)."""
     return [([(3 * i + 17 * j) % (vocab - 3) + 3 for j in range(20 + 9 * i)],
              dict(max_tokens=30, temperature=0.8, n=3 if i == 0 else 1,
                   **({"seed": 100 + i} if on_cuda else {})))
@@ -449,7 +450,7 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
 
 
 def default_block_size(on_cuda: bool) -> int:
-    """vLLM 0.26's block size when none is given: 16 on CUDA, 128 on the CPU."""
+    """vLLM's block size when none is given: 16 on CUDA, 128 on the CPU."""
     return 16 if on_cuda else 128
 
 

@@ -28,11 +28,14 @@ resolution of that cell's on/off ratio.
 engines on the same N; vLLM's custom all-reduce as it chooses), recorded in every cell and in
 the result's ``workload``; each run's GPU clocks are then sampled on all N GPUs.
 
-The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``). Acceptance is
-vLLM's synthetic rejection sampling at full acceptance (``synthetic_acceptance_length = k + 1``)
-thinned per request by the benchmark feature ``synthetic_acceptance_per_request`` to the rate
-that gives mean acceptance length L at k drafts (L = k + 1: no thinning). So one engine pair
-serves every L of a k; ``measured_L`` in each cell is what vLLM's counters saw.
+The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``). Acceptance is vLLM's
+synthetic rejection sampling at full acceptance (``synthetic_acceptance_length = k + 1``) thinned
+per request by the benchmark feature ``synthetic_acceptance_per_request`` to the rate that gives
+mean acceptance length L at k drafts (L = k + 1: no thinning). So one engine pair serves every L of
+a k; ``measured_L`` in each cell is what vLLM's counters saw. On vLLM 0.32 a GPU runs draft_model
+and ngram on the V2 runner, where ``synthetic_acceptance_per_request`` is refused at start-up; this
+benchmark does not set ``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32. (eagle3 uses vLLM's
+own synthetic acceptance length instead.)
 
     python -m benchmarks.nwor_overhead --method draft_model --k 2 4 8 --L 1.5 3.0 k+1 \\
         --batches 1 8 32 128 --jsonl $OUT/cells.jsonl
@@ -160,8 +163,8 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
         for engine in engines.values():  # warm-up: JIT compiles, first-call costs
             engine.run(prompts(2, seed=99))
         # Burn-in, not recorded: every cell once. First runs of a batch shape or acceptance
-        # were slow on either engine (2026-11-22: on/off 1.39 at batch 1 and 1.13 at batch 32
-        # in a run without it, 0.90 and 1.04 in profiled runs of the same cells after it).
+        # were slow on either engine (on/off 1.39 at batch 1 and 1.13 at batch 32 in a run
+        # without it, 0.90 and 1.04 in profiled runs of the same cells with it).
         for L in lengths:
             for batch in batches:
                 cell(L, batch, -1)

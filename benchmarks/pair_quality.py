@@ -16,7 +16,7 @@ split of the standard library), with the exported fp16 weights loaded in fp32:
   file instead of the target's own continuation (which, for models this small, soon loops), and
   over all held-out windows; "copy share" (how much of a continuation repeats text before it)
   says how repetitive each continuation is;
-- **vLLM's acceptance**: the same prompts through vLLM 0.26's CPU engine with ``draft_model``
+- **vLLM's acceptance**: the same prompts through vLLM's CPU engine with ``draft_model``
   speculation (k=3) and NWOR on, one prompt at a time, from ``vllm:spec_decode_num_*``.
 
 Writes ``benchmarks/results/pair_quality_<date>.json`` and a picture of every prompt's

@@ -17,8 +17,8 @@ Policies, each its own engine process:
 - ``scv_chunk0``: a diagnostic: SCV held at chunk 0 (verification priced out, no probes), so
   plain decoding through SCV's machinery and vLLM's speculative model runner.
 - ``no_spec_v1``: a diagnostic: plain decoding on vLLM's V1 model runner, the one every
-  draft_model and ngram engine gets (plain decoding gets V2). Between ``no_spec`` and
-  ``scv_chunk0`` it places what a step costs SCV at chunk 0: the runner, or the plugin.
+  draft_model and ngram engine got on vLLM 0.26 (plain decoding got V2). Between ``no_spec``
+  and ``scv_chunk0`` it places what a step costs SCV at chunk 0: the runner, or the plugin.
 - ``no_spec_aa``: a control, not a policy: a second engine without speculation, built as
   ``no_spec`` is. Its ratio over the best other (``no_spec_aa_over_best_other``; ``no_spec``
   where plain decoding is best) is the run's A/A spread: how far two identical engines side
@@ -32,9 +32,11 @@ turns). A GPU cannot hold all six 8B engines, so the full comparison is several 
 ``scv`` in it, on one GPU each (``scripts/gpu_session.sh``); ``--merge`` compares SCV only with
 the policies of its own group and reports the smallest ratio.
 
-Every engine runs with async scheduling: vLLM 0.26 supports it with draft_model but leaves it
-off by default, and without it every speculative policy pays the scheduler's CPU time on top of
-each step while plain decoding does not.
+Every engine runs with async scheduling: vLLM 0.26 supported it with draft_model but left it off by
+default, and without it every speculative policy pays the scheduler's CPU time on top of each step
+while plain decoding does not. On vLLM 0.32 a GPU runs draft_model and ngram on the V2 runner, where
+``synthetic_acceptance_per_request`` is refused at start-up; this benchmark does not set
+``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32.
 
 ``batch`` is the number of requests in flight. By default the run serves ``4 * batch`` requests
 (``--load-multiple``) keeping ``batch`` in flight (a new request starts when one finishes:
@@ -49,7 +51,7 @@ where the batch shrinks. With equal lengths plain decoding serves its requests i
 start and finish together and has no drain, while a policy whose requests advance at
 different speeds staggers them and ends on a tail of a few requests, which weighs more the
 fewer requests a slot serves (with two per slot, 41% of SCV's time on the mix at batch 32 in
-the simulator; docs/scv_results.md).
+the simulator, ``benchmarks/tools/scv_sim.py``).
 
 Workloads give each request its own per-draft acceptance rate ``a`` through the benchmark-only
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
@@ -111,8 +113,8 @@ DRAFTERS = {"draft_model": "2-layer draft model (same shape and vocabulary, dumm
 METHODS = tuple(DRAFTERS)
 """The drafters (``--method``): the 2-layer draft model, or vLLM's n-gram lookup on the GPU
 (over the prompts' repeated motif and what follows it; it runs no model, and it runs with async
-scheduling, which vLLM's CPU ngram does not). What ngram_gpu's pass costs a step was not
-measured apart (docs/scv_results.md, thirty-eighth session)."""
+scheduling, which vLLM's CPU ngram does not). What ngram_gpu's pass costs a step has not been
+measured apart."""
 
 
 def workloads() -> dict[str, list[float]]:
@@ -168,8 +170,8 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                              for p in policies})
     rows, warm = [], {}
     try:
-        # Warm-up at every batch size: on 2026-11-22 a warm-up at batch 4 alone left both
-        # speculative engines at half speed in the first measured cells (scv_refit_*.json).
+        # Warm-up at every batch size: a warm-up at batch 4 alone left both speculative
+        # engines at half speed in the first measured cells.
         # SCV's included at every chunk size (harness.engines.warm_every_chunk); its steps and
         # the cost fit it leaves are kept (``warm``), for offline fits.
         for policy, engine in engines.items():
@@ -286,8 +288,8 @@ def host_adjusted(runs: dict[str, list[dict]]) -> dict | None:
 
     At batch 128 the step loop is bound by the host, and the host's speed moves during a run:
     the fastest of five timings of a fixed Python loop (``harness.engines.host_probe_ms``, before
-    and after each run) ranged from 3.3 to 8.3 ms within one session, and a policy's
-    throughput moved with it (docs/scv_results.md, forty-second session). A policy whose runs
+    and after each run) has ranged from 3.3 to 8.3 ms on the H200 machines, and a policy's
+    throughput moved with it. A policy whose runs
     met a slow host loses in the headline for that alone. This fits, over the group's runs,
     log(steady throughput) = a[policy] + b * log(probe), one slope ``b`` for all policies,
     and compares the levels ``a``: each policy at the same host speed. It assumes the host

@@ -21,6 +21,10 @@ is idle: NWOR's counters equal vLLM's spec-decode stats, and memory did not grow
 
 The result has ``requests``, ``aborted``, ``violations`` (failed invariant checks, all kinds)
 and ``errors`` (requests that failed other than by the client's own abort), per run and summed.
+
+On the GPU the servers use ``synthetic_acceptance_per_request``. On vLLM 0.32 a GPU runs
+draft_model on the V2 runner, where that key is refused at start-up; the GPU setup does not set
+``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32.
 """
 
 from __future__ import annotations
@@ -82,10 +86,11 @@ class Tally:
 
 
 class Traffic:
-    """Draws requests. ``cuda`` False leaves out what vLLM 0.26's CPU build cannot do with
-    speculative decoding, plugin or not: seeds ("CPU Generator does not use offset") and top-k
-    (its rejection sampler expands per-request top-k with a Triton kernel that does not run on
-    the CPU, then indexes with uninitialised values: "index -1273609552 is out of bounds")."""
+    """Draws requests. ``cuda`` False leaves out what vLLM 0.26's CPU build could not do with
+    speculative decoding, plugin or not (not checked on 0.32): seeds ("CPU Generator does not use
+    offset") and top-k (its rejection sampler expands per-request top-k with a Triton kernel that
+    does not run on the CPU, then indexes with uninitialised values: "index -1273609552 is out of
+    bounds")."""
 
     def __init__(self, rng: random.Random, max_model_len: int, cuda: bool,
                  synthetic: bool, text: str) -> None:

@@ -75,7 +75,7 @@ def write_models(root: Path, draft_max_positions: int | None = None) -> tuple[st
 
 def write_eagle3_head(root: Path) -> str:
     """A config-only EAGLE-3 head for the 8B-shaped target (one layer, the target's attention
-    dims, its vocabulary; weights from ``load_format="dummy"``): vLLM 0.26 runs it on its V2
+    dims, its vocabulary; weights from ``load_format="dummy"``): vLLM runs it on its V2
     model runner."""
     head = root / "eagle3-head"
     head.mkdir(parents=True, exist_ok=True)
@@ -123,11 +123,11 @@ class ConcurrentRun:
     every fraction of a second (:func:`interleave`). The run's clock (``seconds``, the steady
     window) counts only the time inside its slices.
 
-    Why: at batch 128 the GPU machine's host changes speed in spells of seconds (a fixed
-    Python loop's time moved 2.5x within a session), and whole runs alternated one after the
-    other met different spells: two identical engines differed run by run by 0.80-1.30
-    (docs/scv_results.md, thirty-fifth and forty-second sessions). Slices put every engine
-    under the same spells.
+    Why: at batch 128 the GPU machine's host changes speed in spells of seconds
+    (``benchmarks/results/host_noise_b1_2026-11-24_h200.json``), and whole runs alternated one
+    after the other met different spells: two identical engines differed run by run by
+    0.80-1.30 (``benchmarks/results/scv_aa_b128_2026-11-24_h200.json``). Slices put every
+    engine under the same spells.
 
     A slice ends with the GPU synchronized, so the work it launched is its own, and a
     paused engine's in-flight step does not count the pause: ``on_resume`` gets the pause's
@@ -216,7 +216,7 @@ def synchronize_device() -> None:
 
 
 def shift_scv_clock(llm, seconds: float) -> None:
-    """Moves SCV's step timer (``patches/scheduler.py``: when each step in flight was
+    """Moves SCV's step timer (``patches/scv/scheduler.py``: when each step in flight was
     scheduled, when the last output came) on by a pause of ``seconds``, so that the step in
     flight across the pause is timed as if the pause had not been. Without it, each of an
     interleaved run's pauses entered SCV's cost fit as one step as long as the pause."""
@@ -260,7 +260,7 @@ def ablate(names: list[str]) -> None:
     the result stays right: ``plan`` plans chunk 0 for every request without the policy;
     ``record`` skips the lazy draft sync's record of skipped steps (no catch-up ever needs
     it); ``trim_wait`` keeps vLLM's wait for ngram_gpu's valid-draft counts on steps without
-    drafts (``patches/ngram_gpu.py`` left out)."""
+    drafts (``patches/scv/ngram_gpu.py`` left out)."""
     from vllm_nwor.patches.scv import ngram_gpu
     from vllm_nwor.patches.scv.draft_sync import LazyDraftSync
     from vllm_nwor.scv import ChunkPolicy
@@ -476,9 +476,8 @@ class ClockSampler:
     """Samples the SM clock (MHz) and power (W) of the GPUs ``devices`` (CUDA indices, as the
     engine's ranks use them: 0 alone for one GPU, ``range(tensor_parallel_size)`` for a
     tensor-parallel engine) through NVML every ``interval`` seconds in a thread, from
-    construction to :meth:`stop`. Benchmark diagnostics: whole runs of one engine came at
-    1.3-1.7x its other runs' median step on one H200 (2026-11-23), on either side of a
-    comparison; a run's clocks tell a slowed card from a slowed host. None where NVML does not
+    construction to :meth:`stop`. Benchmark diagnostics: where whole runs of one engine differ,
+    a run's clocks tell a slowed card from a slowed host. None where NVML does not
     answer (no GPU, no nvidia-ml-py). The handles are found by index, so the sampling process
     (an engine's, whose workers hold the GPUs under tensor parallelism) opens no CUDA context."""
 
@@ -589,13 +588,14 @@ def sample_slow_steps(llm, threshold: float, interval: float = 0.004, limit: int
                       depth: int = 40) -> list[dict]:
     """Where every thread of this process is while an ``LLMEngine.step`` call has run longer
     than ``threshold`` seconds, sampled every ``interval`` seconds by a daemon thread (benchmark
-    diagnostics: it found that the one-time stall of 0.36-0.45 s before SCV's first probe at
-    batch 1, with no compile warning, was Triton compiling a kernel of vLLM's drafter;
-    :func:`warm_every_chunk`). The list fills with ``{"ms", "stacks"}`` for at most ``limit``
+    diagnostics: it found that the one-time stall before SCV's first probe, with no compile
+    warning, was Triton compiling a kernel of vLLM's drafter,
+    ``benchmarks/results/scv_stall_stacks_2026-11-24_h200.json``; :func:`warm_every_chunk`).
+    The list fills with ``{"ms", "stacks"}`` for at most ``limit``
     such steps: ``stacks``, each distinct stack (its innermost ``depth`` frames, innermost
     first) with how many samples it was seen in, most first. A thread that waits for the GPU
     shows where it waits; one that compiles shows the compiler (at 14 frames an Inductor
-    compile hid its caller; thirty-fifth session)."""
+    compile hid its caller)."""
     import collections
     import threading
     import traceback
@@ -838,9 +838,8 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     new budgets inside measured runs (the logs' "JIT compilation during inference"). Chunk 0
     gives SCV's cost model plain steps: without them nearly every warm-up step drafted, a
     drafting step's own cost could not be told from the fixed cost, and the fit SCV started
-    from priced drafting at nothing (on 2026-11-23 it then planned budget 1 at batch 128,
-    L=1.5, where a budget-1 step took 1.8x a plain one for 1.34x its tokens). The
-    warm-up's verdicts are not the workload's (its drafts are all accepted): SCV's acceptance
+    from priced drafting at nothing. The warm-up's verdicts are not the workload's (its drafts
+    are all accepted): SCV's acceptance
     estimates start afresh after it, or the first measured steps drafted the whole budget.
     Each chunk size also runs one request alone and three together
     (:data:`SMALL_WARM_BATCHES`): Triton specializes a kernel's integer arguments on being 1
@@ -852,7 +851,7 @@ def warm_every_chunk(llm, batch_prompts: list[list[int]], params: list) -> list[
     probe meets it: the draft's first pass after a step that verified nothing launches vLLM's
     input kernel (``copy_and_expand_eagle_inputs_kernel``) with a block of 2 tokens, which no
     step at a fixed chunk does. On the H200 the first such pass compiled it inside a measured
-    run: 0.45 s at batch 1, 0.12-0.14 s three times at batch 32 (thirty-fifth session,
+    run: 0.12-0.45 s (``benchmarks/results/scv_stall_stacks_2026-11-24_h200.json``,
     :func:`sample_slow_steps`).
     Returns the chunk sizes warmed: none where no SCV policy is in reach."""
     from dataclasses import replace
@@ -1050,10 +1049,8 @@ ENGINE_CORES = "NWOR_BENCH_ENGINE_CORES"
 
 def pinned(configs: dict[str, dict]) -> dict[str, dict]:
     """The engines, each on an equal share of this process's CPU cores, contiguous, none
-    shared. Benchmark diagnostics: at batch 128, where the step loop is bound by the host, two
-    identical engines differed by up to 14% over three repetitions, and single runs by up to
-    30% (an A/A control, thirty-fifth session); slow runs took more CPU seconds. Pinned, they
-    differed as much (``scv_aa_b128_pinned_2026-11-24_h200.json``)."""
+    shared. Benchmark diagnostics: whether engines sharing CPU cores explain how far two
+    identical engines differ at batch 128, where the step loop is bound by the host."""
     cores = sorted(os.sched_getaffinity(0))
     share = len(cores) // len(configs)
     if share < 1:
@@ -1093,8 +1090,7 @@ def interleave(engines: dict[str, Engine], batch_prompts: list[list[int]],
     An engine whose run is done serves the batch again, unmeasured, and keeps its turns until
     every run is done: a run left alone would meet neither the others' load nor the cost of
     handing over a turn. On the CPU engine, with a target twice as deep in one engine, the
-    faster engine's lead came out 2-3% short that way (docs/scv_results.md, forty-fourth
-    session)."""
+    faster engine's lead came out 2-3% short that way."""
     for engine in engines.values():
         engine.start(batch_prompts, extra_args, concurrency)
     results: dict[str, dict] = {}

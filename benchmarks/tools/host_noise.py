@@ -2,9 +2,8 @@
 
 Why a host-bound engine's step time moves by up to 2x between runs: a diagnostic, one GPU.
 
-At batch 1 the speculative engines' steps are bound by the host (GPU busy 35-48% with fixed
-k=4 and 8, ``scv_b1_L4_profile_2026-11-24_h200.json``), and their median step moved by up to
-2x between repetitions of the same engine and workload, in both directions, while plain
+At batch 1 the speculative engines' steps are bound by the host, and their median step moved
+by up to 2x between repetitions of the same engine and workload, in both directions, while plain
 decoding's (GPU-bound) did not move; within one run SCV's budget-2 steps went from about 6 ms
 to about 11 ms and stayed there (``scv_b1_k8_2026-11-24_h200.json``). That is the noise every
 batch-1 comparison of SCV with fixed k carries.

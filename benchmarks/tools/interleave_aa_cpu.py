@@ -2,11 +2,12 @@
 
 Does interleaving take the host's speed out of a comparison? An A/A control on the CPU engine.
 
-On the GPU machine the host's speed moves in spells of seconds (a fixed Python loop's time
-moved 2.5x within a session), and at batch 128 the step loop is bound by the host. Whole runs
-alternated one after the other met different spells: two identical engines differed run by
-run by 0.80-1.30 (docs/scv_results.md, thirty-fifth session), more than any of SCV's targets
-can tolerate. ``harness.engines.interleave`` runs a group's engines at once, each stepping for a
+On the GPU machine the host's speed moves in spells of seconds
+(``benchmarks/results/host_noise_b1_2026-11-24_h200.json``), and at batch 128 the step loop is
+bound by the host. Whole runs alternated one after the other met different spells: two
+identical engines differed run by run by 0.80-1.30
+(``benchmarks/results/scv_aa_b128_2026-11-24_h200.json``), more than any of SCV's targets can
+tolerate. ``harness.engines.interleave`` runs a group's engines at once, each stepping for a
 fraction of a second in turn, so that every engine meets the same spells.
 
 This checks that on the real (CPU) engine, through the GPU benchmarks' own engine processes

@@ -3,10 +3,11 @@
 GPU time of a verify step's layers replayed as one CUDA graph: vLLM's KV write and attention
 against NWOR's staged ones, on the GPU, without the engine.
 
-A uniform verify batch (every request with ``k`` drafts) replays a FULL CUDA graph in vLLM 0.26,
-so no Python runs in its layers and what NWOR adds to the step is GPU time: per layer its stage
-kernel in place of ``reshape_and_cache_flash``, FlashAttention over the committed prefix in
-place of vLLM's causal call, and the chunk-and-merge kernel; per step the commit. This
+A uniform verify batch (every request with ``k`` drafts) replays a FULL CUDA graph, so no
+Python runs in its layers and what NWOR adds to the step is GPU time: per step the plan's launch
+(the scratch block table and slots, the committed tokens copied into scratch) and the commit's;
+per layer vLLM's own write and FlashAttention call through the plan's slots and block table
+(docs/gpu.md). This
 benchmark captures 32 layers of an 8B-shaped model (32 query heads, 8 KV heads, head size 128,
 each layer its own cache) the way vLLM captures them (NWOR's ``capturing`` flag set, no step
 begun), then replays each side's graph step after step, NWOR's with its per-step begin and

@@ -23,8 +23,8 @@ metadata) or the stage launch's before it. Three more are vLLM's own update and 
 launch of a one-element kernel between them: through Triton's JIT (``vllm_then_triton``), through
 the compiled launcher NWOR's kernels use (``vllm_then_launcher``), and a PyTorch op
 (``vllm_then_torch``). They tell whether vLLM's attention issues slower after any launch, after
-a Triton launch, or after NWOR's stage only (the twenty-eighth session found it 3.9-5.5 µs slower
-after NWOR's stage launch).
+a Triton launch, or after NWOR's stage only
+(``benchmarks/results/nwor_layer_host_launch_sides_2026-11-24_h200.json``).
 
 The sides run in one process, alternating. The plugin's code is whatever ``vllm_nwor`` imports
 (``PYTHONPATH`` chooses a checkout), so two versions are compared by running this twice, and

@@ -23,7 +23,7 @@ to the policy be compared with the current one in the same simulated traffic.
 
     python -m benchmarks.tools.scv_sim --batches 1 32 128 --seeds 4
 
-``--unpriced`` adds, per cell, SCV as it was before it priced the lazy draft sync's catch-ups
+``--unpriced`` adds, per cell, SCV without pricing the lazy draft sync's catch-ups
 (``scv_unpriced``). ``--by-rate`` adds, per cell, the best policy that knows every request's
 true rate and gives each a fixed chunk by it (a bound on what per-request chunk sizes can do in
 that traffic).
@@ -56,7 +56,7 @@ def step_seconds(n: int, tokens: int, budget: int, uniform: bool, rng: np.random
     """A step's seconds: ``n`` requests, ``tokens`` scheduled (``prompt_tokens`` of them
     prompts), the drafter proposing ``budget`` per request after it, every request verifying
     as many drafts or not (``uniform``); shaped after the H200 runs, in ms."""
-    # The cost fit to every step SCV's engine took in scv_settled_2026-11-23_h200.json (plain
+    # The cost fit to every step SCV's engine took in one H200 run (vLLM 0.26 line; plain
     # steps of 4.8 / 5.4 / 7.2 / 10.8 ms at batch 1 / 32 / 128 / 256): a scheduled token costs
     # the same whether it is a request's next token or a draft it verifies (a cost per request
     # beside it fits to 0), a draft pass its own launches and a cost per request.
@@ -74,8 +74,7 @@ def catch_up_seconds(positions: int) -> float:
     """The lazy draft sync's catch-up before a drafting step (draft_model): a 2-layer draft
     of the 8B shape over ``positions`` skipped positions, in passes of at most 8,192 tokens
     (shaped after the H200: at batch 256 a step drafting again after 13-17 steps at chunk 0,
-    3,300-4,400 positions behind, took 7-10 ms more than the draft pass alone,
-    ``scv_settled_2026-11-23_h200.json``)."""
+    3,300-4,400 positions behind, took 7-10 ms more than the draft pass alone)."""
     if not positions:
         return 0.0
     return (0.5 * -(-positions // 8192) + 0.002 * positions) * 1e-3
@@ -129,7 +128,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             sizes = np.array([by_rate[0] if live[r][0] >= 0.5 else by_rate[1] for r in req_ids])
         elif policy is None:
             sizes = np.full(len(req_ids), fixed)
-        elif policy_name == "scv_unpriced":  # catch-ups not priced (before 2026-11-23)
+        elif policy_name == "scv_unpriced":  # catch-ups not priced
             plan = policy.plan(req_ids)
             sizes = np.array([plan[r] for r in req_ids])
         else:  # the engine's scheduled tokens per request: the last plan's drafts and prompts
@@ -137,7 +136,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             plan = policy.plan(req_ids, remaining=[live[r][1] for r in req_ids],
                                scheduled={r: 1 + last.get(r, 0) + live[r][3] for r in req_ids})
             sizes = np.array([plan[r] for r in req_ids])
-        if policy is not None:  # as patches/scheduler.py records them when it plans
+        if policy is not None:  # as patches/scv/scheduler.py records them when it plans
             learning = policy.learning_step or learning_before
             learning_before, caught_up = policy.learning_step, policy.caught_up
             if pending is not None:  # the last step's output comes after this plan
@@ -149,7 +148,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
         step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise, prefill)
         positions = 0
         if policy is not None:
-            # SCV's lazy draft sync (patches/draft_sync.py): at budget 0 every request skips
+            # SCV's lazy draft sync (patches/scv/draft_sync.py): at budget 0 every request skips
             # the step's tokens; otherwise the drafted catch up on what they skipped, and one
             # left out stays behind if it was.
             for req_id, size in zip(req_ids, sizes.tolist(), strict=True):

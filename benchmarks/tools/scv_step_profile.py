@@ -13,14 +13,14 @@ the speculative engines draft with ngram_gpu (``vllm_k0`` and ``vllm_ngram_k0`` 
 ``vllm_k0`` is vLLM's own dynamic-k path held at k = 0 (``num_speculative_tokens_per_batch_size``),
 with no plugin feature on: the same floor without the plugin; ``vllm_ngram_k0`` is that with
 ngram_gpu, whose drafter runs no model. ``no_spec_v1`` is no speculation on vLLM's V1 model
-runner: vLLM 0.26 runs plain decoding of this model on its V2 runner but speculation with
+runner: vLLM 0.26 ran plain decoding of this model on its V2 runner but speculation with
 draft_model or ngram on V1 (``VllmConfig.use_v2_model_runner``), so the two no-speculation
 engines tell the runners' difference apart from what speculating costs. ``scv_chunk0_bare`` is
 ``scv_chunk0`` without the plugin's own host work of a chunk-0 step (no planning, no record of
 the skipped draft pass, no telemetry): what is left is vLLM's speculative path at zero drafts;
 ``scv_chunk0_no_<part>`` leaves out one of them. ``scv_chunk0_trim_wait`` is ``scv_chunk0``
 where a step without drafts still waits for ngram_gpu's valid-draft counts, as in vLLM
-(``patches/ngram_gpu.py`` left out; with ``--method ngram_gpu``).
+(``patches/scv/ngram_gpu.py`` left out; with ``--method ngram_gpu``).
 
 It reports throughput per batch size (alternating, ``--reps`` runs: the median and each run)
 and, at each of
