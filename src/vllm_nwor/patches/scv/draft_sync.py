@@ -1,7 +1,9 @@
 """Lazy draft sync: SCV's chunk-0 steps skip the draft model; it catches up before drafting.
 
-With draft_model, vLLM runs the draft model over every step's tokens even when no drafts are
-wanted (draft budget 0, vLLM's own dynamic-k path), so that the draft's KV cache stays complete.
+With draft_model on vLLM's V1 runner (the V2 runner, a GPU's default on vLLM 0.32, drafts k
+every step and is not patched here), vLLM runs the draft model over every step's tokens even when
+no drafts are wanted (draft budget 0, vLLM's own dynamic-k path), so that the draft's KV cache
+stays complete.
 That pass is what makes a chunk-0 step cost more than a step without speculation: the draft
 pass is most of the difference (docs/scv.md), more than SCV may lose.
 

@@ -1,2 +1,3 @@
-"""Telemetry patches: per-request acceptance lengths from the scheduler to outputs, responses and
-/metrics (docs/telemetry.md)."""
+"""Telemetry patches: the step numbers behind the plugin's metrics (chunk sizes, NWOR's counters),
+from the engine core to /metrics and the log line. Per-request acceptance lengths are vLLM's own
+(docs/telemetry.md)."""
