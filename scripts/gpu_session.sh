@@ -24,18 +24,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (issue 63, next). One GPU: with a KV cache of 2,048 tokens and prefix caching, the
-# 8B pressure pair's logits parted in 60 of 955 steps (one request at a time, tokens equal): an
-# A/A with NWOR off twice, the negative control (the NWOR side 64 tokens short), the pair again. Two GPUs, after that: at TP 2, does an engine that compiles run
-# other kernels than one that loads them from vLLM's cache? An A/A with a cold cache (NWOR off
-# twice: the first compiles, the second loads), then the 8B TP 2 pairs again once the default
-# cache is warm (both engines load), draft_model beside ngram; and EAGLE-3 at TP 2, which hung
-# last time (its probe now reports what it printed when it times out). Earlier plans and what
-# they found: benchmarks/results/equivalence_gpu_load*_2026-11-28_h200x2.json.
+# The plan (issue 63, next). One GPU: the pressure rows' negative control (the NWOR side 64
+# tokens more KV). Two GPUs, after that: at TP 2, does an engine that compiles run other
+# kernels than one that loads them from vLLM's cache? An A/A with a cold cache (NWOR off twice:
+# the first compiles, the second loads), then the 8B TP 2 pairs again once the default cache is
+# warm (both engines load), draft_model beside ngram; and EAGLE-3 at TP 2, which hung last time
+# (its probe now reports what it printed when it times out). Earlier plans and what they found:
+# benchmarks/results/equivalence_gpu_*_2026-11-28_h200*.json.
 stream0() {
-  step aa8b equivalence --models /tmp/m0 --cases aa_pressure_8b_ngram_in_process
   step neg8b equivalence --models /tmp/m0 --cases neg_pressure_8b_ngram_in_process
-  step pressure8b_again equivalence --models /tmp/m0 --cases pressure_8b_ngram_in_process
 }
 after() {
   step tp2_cold equivalence --models /tmp/m0 --cases aa_tp2_wide_prompts_8b_ngram_cold_cache
