@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device session's plan, run in the background on the GPU machine after the devkit install,
+# One device session's plan, run in the background on the GPU machine after the kit's install,
 # so that no benchmark is cut by the 10-minute limit of a device call:
 #   setsid nohup bash scripts/gpu_session.sh > /tmp/out/session.log 2>&1 < /dev/null &
 # The work is streams of steps (the next session's plan; earlier plans are in git
@@ -24,24 +24,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (issue 63, next). One GPU: with a KV cache of 2,048 tokens and prefix caching, the
-# 8B pressure pair's logits parted in 60 of 955 steps (one request at a time, tokens equal): an
-# A/A with NWOR off twice, the negative control (the NWOR side 64 tokens short), the pair again. Two GPUs, after that: at TP 2, does an engine that compiles run
-# other kernels than one that loads them from vLLM's cache? An A/A with a cold cache (NWOR off
-# twice: the first compiles, the second loads), then the 8B TP 2 pairs again once the default
-# cache is warm (both engines load), draft_model beside ngram; and EAGLE-3 at TP 2, which hung
-# last time (its probe now reports what it printed when it times out). Earlier plans and what
-# they found: benchmarks/results/equivalence_gpu_load*_2026-11-28_h200x2.json.
+# The plan (vLLM 0.32, first run of the plugin on a GPU): the GPU tests (NWOR, SCV and
+# telemetry on the V2 runner with FLASH_ATTN, compile and CUDA graphs), then the equivalence
+# matrix's single-GPU cases, then the TP 2 cases on two GPUs.
 stream0() {
-  step aa8b equivalence --models /tmp/m0 --cases aa_pressure_8b_ngram_in_process
-  step neg8b equivalence --models /tmp/m0 --cases neg_pressure_8b_ngram_in_process
-  step pressure8b_again equivalence --models /tmp/m0 --cases pressure_8b_ngram_in_process
+  step gpu_tests tests
+  step eq_1gpu equivalence --models /tmp/m0
 }
 after() {
-  step tp2_cold equivalence --models /tmp/m0 --cases aa_tp2_wide_prompts_8b_ngram_cold_cache
-  step tp2_warm equivalence --models /tmp/m0 --cases \
-    tp2_wide_prompts_8b_ngram_no_prefix_caching_in_process,tp2_wide_prompts_8b_ngram_in_process,tp2_wide_prompts_8b_draft_model_in_process
-  step tp2_e3 equivalence --models /tmp/m0 --cases tp2_long_prompts_eagle3,tp2_long_prompts_eagle3_no_prefix_caching
+  step eq_tp2 equivalence --models /tmp/m0 --cases \
+    tp2_draft_model,tp2_ngram,tp2_long_prompts_eagle3,tp2_wide_prompts_8b_ngram_in_process
 }
 
 gpus=$(nvidia-smi -L | wc -l)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after the devkit install (../shared/devkit/README.md): installs this
-# project next to vLLM in /tmp/site, then
+# Runs on the GPU machine after the vLLM 0.32 kit's install (scripts/gpu_kit/README.md): installs
+# this project next to vLLM in /tmp/site032 (NWOR_SITE), then
 #   scripts/gpu_suite.sh tests [PATHS]         the GPU tests (PATHS, or tests/gpu), log + junit in $OUT
 #   scripts/gpu_suite.sh nwor_overhead ARGS    -m benchmarks.nwor_overhead, $OUT/nwor_overhead.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        -m benchmarks.scv_bench, $OUT/scv_bench.jsonl
@@ -20,14 +20,17 @@
 # (-m benchmarks.tools.<name> for a diagnostic), from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+site="${NWOR_SITE:-/tmp/site032}"
+# The kit's export line (scripts/gpu_kit/install.sh prints it), and unbuffered output.
+export PYTHONPATH="$site" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+[ -f "$site/.ok-nv" ] || export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1
 [ -n "${NWOR_SRC:-}" ] && PYTHONPATH="$NWOR_SRC/src:$PYTHONPATH"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 python3 -c "import vllm" 2>/dev/null || {
-  echo "vLLM is not installed in /tmp/site: run the devkit's three calls first" >&2; exit 3; }
+  echo "vLLM is not installed in $site: install the kit first (scripts/gpu_kit/README.md)" >&2; exit 3; }
 if [ -z "${NWOR_INSTALLED:-}" ]; then
-  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site --upgrade . \
+  python3 -m pip install -q --no-deps --no-build-isolation --target "$site" --upgrade . \
     || exit 1
 fi
 echo "${NWOR_COMMIT:-unknown}" > "$out/commit.txt"  # the tree travels without .git
