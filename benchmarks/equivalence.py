@@ -121,7 +121,7 @@ def cases(on_cuda: bool) -> list[Case]:
              why="prefix caching off, the setting every earlier test used"),
         Case("two_engines_one_process", model=model, two_engines=True,
              engine=dict(enforce_eager=True) if on_cuda else {},
-             why="on the GPU no CUDA graphs: vLLM 0.26 refuses a second engine's capture in one "
+             why="on the GPU no CUDA graphs: vLLM 0.26 refused a second engine's capture in one "
              "process (\"CUDA graph capturing detected at an inappropriate time\", NWOR off too)"),
     ]
     rows += [Case(f"shape_{name}", model={**DRAFT, **shape}) for name, shape in shapes.items()

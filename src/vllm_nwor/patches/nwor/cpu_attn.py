@@ -120,7 +120,7 @@ PATCHES = [
         CPUAttentionBackendImpl,
         "forward",
         _wrap_forward,
-        why="In a staged verify step: attention over cache prefix + staged chunk, and no second "
-        "KV write. Retired for the write by vLLM 0.33 (forward no longer writes).",
+        why="In a staged verify step: attention over the cache prefix and the staged chunk "
+        "(the CPU kernel returns no log-sum-exp to merge them). Retired by a kernel that does.",
     ),
 ]
