@@ -64,7 +64,7 @@ class Patch:
         if self.id in applied_ids(current):
             return False
         if self.new and current is not None:
-            raise PatchError(f"{self.attribute} exists; the plugin adds it only where it is missing")
+            raise PatchError(f"{self.attribute} exists; the plugin only adds what is missing")
         if not self.new and current is None:
             raise PatchError(f"{self.attribute} is not defined on {self.owner}")
         replacement = self.wrap(current)
