@@ -31,6 +31,7 @@ from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 from vllm.v1.worker.utils import AttentionGroup
 
 from vllm_nwor.patches.scv.decode_graphs_v2 import use_varlen_decode_graphs
+from vllm_nwor.patches.scv.scheduler import _mixed_graphs
 
 K = 3
 
@@ -114,3 +115,15 @@ def test_the_speculators_decode_graphs_are_left_alone(eagle_pair):
     manager, vllm_config = manager_for(eagle_pair, 1, scv="adaptive")
     assert not use_varlen_decode_graphs(manager, VARLEN, vllm_config)
     assert full_shapes(manager) == [(1, None, 1), (1, None, 2), (1, None, 4)]
+
+
+@pytest.mark.parametrize("v2, mode, mixed", [
+    (True, CUDAGraphMode.FULL_AND_PIECEWISE, True),
+    (False, CUDAGraphMode.FULL_AND_PIECEWISE, False),
+    (False, CUDAGraphMode.FULL, True),
+    (True, CUDAGraphMode.PIECEWISE, False),
+])
+def test_scv_prices_mixed_chunk_decode_batches_as_on_graphs_where_they_are(v2, mode, mixed):
+    config = types.SimpleNamespace(use_v2_model_runner=v2,
+                                   compilation_config=types.SimpleNamespace(cudagraph_mode=mode))
+    assert _mixed_graphs(config) is mixed

@@ -140,13 +140,20 @@ def _max_graph_tokens(vllm_config) -> int | None:
 
 
 def _mixed_graphs(vllm_config) -> bool:
-    """Whether FULL graphs take batches of unequal query lengths too (``cudagraph_mode`` FULL).
-    Where the worker shares the engine core's process and config (one GPU), this is the mode
-    the runner resolved for the attention backend: the engine core builds its scheduler after
-    the runner has. With workers in other processes it is the mode asked for; a backend that
-    downgraded it leaves mixed plans priced as on the graphs, which the cost fit then meets."""
+    """Whether FULL graphs take decode batches of unequal query lengths: ``cudagraph_mode``
+    FULL, or a FULL decode mode on the V2 runner, whose varlen decode graphs SCV turns on where
+    the attention backends replay them (``decode_graphs_v2.py``). Where the worker shares the
+    engine core's process and config (one GPU), this is the mode the runner resolved for the
+    attention backend: the engine core builds its scheduler after the runner has. With workers
+    in other processes it is the mode asked for; a backend that downgraded it (or, on V2, has
+    no varlen graphs) leaves mixed plans priced as on the graphs, which the cost fit then
+    meets."""
     mode = vllm_config.compilation_config.cudagraph_mode
-    return mode is not None and mode.mixed_mode() == CUDAGraphMode.FULL
+    if mode is None:
+        return False
+    if vllm_config.use_v2_model_runner and mode.decode_mode() == CUDAGraphMode.FULL:
+        return True
+    return mode.mixed_mode() == CUDAGraphMode.FULL
 
 
 def _wrap_update_after_schedule(update_after_schedule):
