@@ -32,10 +32,9 @@ The model is Llama-3-8B-shaped with random weights (``load_format="dummy"``). Ac
 synthetic rejection sampling at full acceptance (``synthetic_acceptance_length = k + 1``) thinned
 per request by the benchmark feature ``synthetic_acceptance_per_request`` to the rate that gives
 mean acceptance length L at k drafts (L = k + 1: no thinning). So one engine pair serves every L of
-a k; ``measured_L`` in each cell is what vLLM's counters saw. On vLLM 0.32 a GPU runs draft_model
-and ngram on the V2 runner, where ``synthetic_acceptance_per_request`` is refused at start-up; this
-benchmark does not set ``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32. (eagle3 uses vLLM's
-own synthetic acceptance length instead.)
+a k; ``measured_L`` in each cell is what vLLM's counters saw. That thinning needs vLLM's V1 runner:
+on its V2 runner (every method on a GPU with vLLM 0.32, unless ``VLLM_USE_V2_MODEL_RUNNER=0``),
+each engine pair has one L, vLLM's own ``synthetic_acceptance_length`` (:func:`own_lengths`).
 
     python -m benchmarks.nwor_overhead --method draft_model --k 2 4 8 --L 1.5 3.0 k+1 \\
         --batches 1 8 32 128 --jsonl $OUT/cells.jsonl
@@ -49,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -86,19 +86,31 @@ def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> f
     return writes * KV_BYTES_PER_TOKEN / generated
 
 
+def own_lengths(method: str) -> bool:
+    """Whether each engine pair runs at one acceptance length of its own (vLLM's synthetic
+    length) instead of thinning per request: eagle3, and any method on a GPU, where vLLM 0.32
+    runs its V2 runner unless ``VLLM_USE_V2_MODEL_RUNNER=0``."""
+    import torch
+
+    v2 = torch.cuda.is_available() and os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0"
+    return method == "eagle3" or v2
+
+
 def engine_kwargs(target: str, draft: str, method: str, k: int, nwor: bool,
                   max_batch: int, cudagraph_mode: str | None = None,
                   memory: float = 0.42, tensor_parallel_size: int = 1,
                   length: float | None = None) -> dict:
-    """One engine's ``LLM`` arguments. ``length``: for eagle3, the engine's own mean acceptance
-    length (vLLM's synthetic rejection sampling; the plugin's per-request thinning needs vLLM's
-    V1 runner, and vLLM runs EAGLE-3 on its V2 runner)."""
+    """One engine's ``LLM`` arguments. ``length``: the engine's own mean acceptance length
+    (vLLM's synthetic rejection sampling, :func:`own_lengths`); else full acceptance, thinned
+    per request."""
     speculative = {"num_speculative_tokens": k, "rejection_sample_method": "synthetic",
                    "synthetic_acceptance_length": k + 1.0,
                    "synthetic_acceptance_per_request": True}
-    if method == "eagle3":
-        speculative.update(method="eagle3", model=draft, synthetic_acceptance_length=length)
+    if length is not None:
+        speculative["synthetic_acceptance_length"] = length
         del speculative["synthetic_acceptance_per_request"]
+    if method == "eagle3":
+        speculative.update(method="eagle3", model=draft)
     elif method == "draft_model":
         speculative.update(method="draft_model", model=draft)
     else:
@@ -128,11 +140,11 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
              tensor_parallel_size=1, progress=None) -> dict:
     """One engine pair (and its A/A control): every cell, then the profiles. ``progress``, if
     given, gets the record so far after each cell (the same shape, ``"partial": True``).
-    eagle3: one length, the engines' own (``engine_kwargs``)."""
+    With :func:`own_lengths`: one length, the engines' own (``engine_kwargs``)."""
     memory = 0.3 if aa else 0.42  # three engines share the GPU with --aa
     tp = tensor_parallel_size
     own_length = None
-    if method == "eagle3":
+    if own_lengths(method):
         (own_length,) = lengths  # main() runs one engine pair per length
     configs = {
         "off": engine_kwargs(target, draft, method, k, False, max(batches), baseline_mode,
@@ -493,9 +505,9 @@ def main() -> None:
         done = args.jsonl.read_text() if args.jsonl.exists() else ""
         partial.write_text(done + json.dumps(so_far) + "\n")
 
-    if args.method == "eagle3" and (args.profile_batches or args.time_nwor_host):
-        parser.error("--profile-batches and --time-nwor-host read vLLM's V1 runner; eagle3 "
-                     "runs on its V2 runner")
+    if own_lengths(args.method) and (args.profile_batches or args.time_nwor_host):
+        parser.error("--profile-batches and --time-nwor-host read vLLM's V1 runner; this "
+                     "engine runs on its V2 runner")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
         if args.method == "eagle3":
@@ -503,7 +515,7 @@ def main() -> None:
         for k in args.k:
             lengths = lengths_for(k, args.L)
             # vLLM's synthetic length is an engine setting: one engine pair per length.
-            for pair_lengths in ([[L] for L in lengths] if args.method == "eagle3"
+            for pair_lengths in ([[L] for L in lengths] if own_lengths(args.method)
                                  else [lengths]):
                 append_jsonl(args.jsonl, run_pair(
                     target, draft, args.method, k, pair_lengths, args.batches, args.reps,
