@@ -442,9 +442,8 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
         block_size = case.engine.get("block_size", default_block_size(on_cuda))
         max_num_seqs = case.engine.get("max_num_seqs", kwargs["max_num_seqs"])
         reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1] if on_cuda else 0
-        kwargs["num_gpu_blocks_override"] = (case.kv_tokens // block_size
-                                             + ((reserved + case.nwor_kv_extra // block_size)
-                                                if nwor else 0))
+        tokens = case.kv_tokens + (case.nwor_kv_extra if nwor else 0)
+        kwargs["num_gpu_blocks_override"] = tokens // block_size + (reserved if nwor else 0)
     # A case's None restores vLLM's own default for a key the harness sets.
     return {k: v for k, v in {**kwargs, **case.engine}.items() if v is not None}
 
