@@ -22,9 +22,9 @@ is idle: NWOR's counters equal vLLM's spec-decode stats, and memory did not grow
 The result has ``requests``, ``aborted``, ``violations`` (failed invariant checks, all kinds)
 and ``errors`` (requests that failed other than by the client's own abort), per run and summed.
 
-On the GPU the servers use ``synthetic_acceptance_per_request``. On vLLM 0.32 a GPU runs
-draft_model on the V2 runner, where that key is refused at start-up; the GPU setup does not set
-``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32.
+On the GPU the servers run draft_model on vLLM's default runner, V2, with vLLM's synthetic
+rejection sampling at a mean acceptance length of 2.5 of k + 1 = 5 (random weights accept
+nearly every draft; ``synthetic_acceptance_per_request`` is V1's and refused on V2).
 """
 
 from __future__ import annotations
@@ -395,6 +395,7 @@ class Setup:
     synthetic: bool
     scv: dict
     k: int = 3
+    speculative: dict = field(default_factory=dict)  # vLLM's own speculative keys beside k
 
 
 def cpu_setup(root: Path) -> Setup:
@@ -429,11 +430,14 @@ def gpu_setup(root: Path) -> Setup:
         (path / "config.json").write_text(json.dumps(config))
         write_byte_tokenizer(path, vocab_size=LLAMA3_8B["vocab_size"])
         paths.append(str(path))
-    # Random weights: drafts are accepted unless a request's synthetic rate rejects them. A
-    # context of 2048 keeps prompts of up to 1.5k tokens; the byte tokenizer has no template.
+    # Random weights accept nearly every draft: vLLM's synthetic rejection sampling makes the
+    # verify steps reject. A context of 2048 keeps prompts of up to 1.5k tokens; the byte
+    # tokenizer has no template.
     args = ("--load-format", "dummy", "--max-model-len", "2048", "--seed", "0",
             "--chat-template", CHAT_TEMPLATE)
-    return Setup(*paths, args, {}, 2048, cuda=True, synthetic=True, scv={}, k=4)
+    synthetic = {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
+    return Setup(*paths, args, {}, 2048, cuda=True, synthetic=False, scv={}, k=4,
+                 speculative=synthetic)
 
 
 def plugin_config(setup: Setup, name: str) -> dict:
@@ -456,7 +460,7 @@ def start(setup: Setup, name: str, logs: Path):
     if setup.synthetic:
         plugin = {**plugin, "synthetic_acceptance_per_request": True}
     config = {"method": "draft_model", "model": setup.draft,
-              "num_speculative_tokens": setup.k, **plugin}
+              "num_speculative_tokens": setup.k, **setup.speculative, **plugin}
     server = VllmServer(setup.model, config, logs / f"{name}.log", args=setup.args, env=env)
     server.config = config
     return server, audit_dir

@@ -25,11 +25,14 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 }
 
 # The plan (vLLM 0.32, first run of the plugin on a GPU): the GPU tests (NWOR, SCV and
-# telemetry on the V2 runner with FLASH_ATTN, compile and CUDA graphs), then the equivalence
-# matrix's single-GPU cases, then the TP 2 cases on two GPUs.
+# telemetry on the V2 runner with FLASH_ATTN, compile and CUDA graphs), the equivalence
+# matrix's single-GPU cases, NWOR's overhead with EAGLE-3 (A/A beside), the soak; then the TP 2
+# cases on two GPUs.
 stream0() {
   step gpu_tests tests
   step eq_1gpu equivalence --models /tmp/m0
+  step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 1.5 2.5 3.5 --batches 8 32 --reps 3 --aa
+  step soak soak --seconds 120
 }
 after() {
   step eq_tp2 equivalence --models /tmp/m0 --cases \

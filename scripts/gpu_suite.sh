@@ -12,6 +12,7 @@
 #   scripts/gpu_suite.sh scv_step_profile|nwor_step_host|host_noise ARGS   -m benchmarks.tools.<that>
 #   scripts/gpu_suite.sh equivalence ARGS      -m benchmarks.equivalence --out $OUT/<name>.json
 #                                              --trace $OUT/trace-<name> (each engine's step trace)
+#   scripts/gpu_suite.sh soak ARGS             -m benchmarks.soak --out $OUT/<name>.json
 #   scripts/gpu_suite.sh install               the install alone
 # Pass NWOR_COMMIT=<sha> (the tree travels without .git); NWOR_INSTALLED=1 skips the install
 # (several runs at once share one), STEP=<name> names a benchmark's $OUT/<name>.jsonl and .log. Results come back from $OUT; merge
@@ -52,11 +53,14 @@ case "$what" in
   equivalence)
     python3 -m benchmarks.equivalence --out "$out/$name.json" --trace "$out/trace-$name" "$@" \
       2>&1 | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG|WARNING|\[)" ;;
+  soak)
+    python3 -m benchmarks.soak --out "$out/$name.json" "$@" 2>&1 \
+      | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG|WARNING|\[)" ;;
   nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
     module="benchmarks.$what"
     [ -e "benchmarks/$what.py" ] || module="benchmarks.tools.$what"  # the diagnostics
     python3 -m "$module" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|equivalence|nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|equivalence|soak|nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
 esac
