@@ -71,7 +71,7 @@ class Case:
     nwor_both: bool = False  # an A/A control: NWOR off on both sides
     two_engines: bool = False  # NWOR on runs beside a second NWOR engine in its process
     preempt: bool = False  # a small KV cache; both sides get the same blocks for requests
-    kv_tokens: int = 768  # with ``preempt``: the KV cache the scheduler may hand out, in tokens
+    kv_tokens: int = 768  # with ``preempt``: the KV cache in tokens, vLLM's null block included
     nwor_kv_extra: int = 0  # a negative control: the NWOR side's KV cache this many tokens larger
     structured: bool = False  # the structured-output workload instead of rounds 1-4
     workload: str = "rounds"  # or "pressure" / "long_prompts" (:func:`round_pressure`, ...)
@@ -201,7 +201,9 @@ def cases_8b() -> list[Case]:
     empty caches and the second loads what it wrote (vLLM's compile cache leaves the prefix
     caching setting out of its key, so a case pair with prefix caching on and one with it off
     may meet either)."""
-    pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=2048, workload="pressure_long")
+    # 2,048 tokens for requests and vLLM's null block, which vLLM 0.32 takes off before it
+    # checks that one request of max_model_len (2,048) fits.
+    pressure = dict(model=MODEL_8B, preempt=True, kv_tokens=2048 + 16, workload="pressure_long")
     pressure_engine = dict(max_model_len=None, max_num_seqs=1024, max_num_batched_tokens=16384)
     tp = dict(k=4, model=MODEL_8B, tensor_parallel_size=2, workload="long_prompts_wide")
     tp_engine = dict(max_model_len=None, max_num_seqs=32, max_num_batched_tokens=1024)
