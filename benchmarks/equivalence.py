@@ -437,13 +437,13 @@ def engine_kwargs(case: Case, paths: tuple[str, str], nwor: bool, on_cuda: bool)
     if case.tensor_parallel_size > 1:
         kwargs["tensor_parallel_size"] = case.tensor_parallel_size
     if case.preempt:
-        # case.kv_tokens of KV cache, the same blocks for requests on both sides: NWOR on CUDA
-        # keeps its scratch blocks out of the override, so NWOR off gets the override less them.
+        # case.kv_tokens of KV cache, the same blocks for requests on both sides: NWOR keeps
+        # its scratch blocks out of the override, so NWOR off gets the override less them.
         from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 
         block_size = case.engine.get("block_size", default_block_size(on_cuda))
         max_num_seqs = case.engine.get("max_num_seqs", kwargs["max_num_seqs"])
-        reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1] if on_cuda else 0
+        reserved = scratch_blocks(max_num_seqs, case.k, block_size)[1]
         tokens = case.kv_tokens + (case.nwor_kv_extra if nwor else 0)
         kwargs["num_gpu_blocks_override"] = tokens // block_size + (reserved if nwor else 0)
     # A case's None restores vLLM's own default for a key the harness sets.
@@ -804,7 +804,7 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
     dirs = {side: str(Path(trace) / case.name / side) for side in ("off", "on")} if trace else {}
     off = run({**spec, "nwor": False, "trace": dirs.get("off")})
     on = run({**spec, "nwor": not case.nwor_both, "trace": dirs.get("on")})
-    result = compare(off, on, logprob_atol=0.0 if on_cuda else 1e-3)
+    result = compare(off, on, logprob_atol=0.0)
     if trace:
         from tests.support import engine_trace
 

@@ -30,12 +30,27 @@ def read_flash_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> t
     return kv.reshape(-1, kv.shape[2] * kv.shape[3])[:num_tokens]
 
 
-def read_cpu_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """CPU_ATTN's cache read per token through the layout NWOR learned from vLLM's write op."""
-    from vllm_nwor.patches.nwor.cpu_attn import BACKEND
+_CPU_LAYOUTS: dict[tuple, object] = {}
 
-    key, value = BACKEND.layer_state(layer).gather(layer.kv_cache, block_ids, num_tokens)
-    return torch.cat([key, value], dim=-1).flatten(1)
+
+def read_cpu_attn_tokens(layer, block_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """CPU_ATTN's cache read per token through a layout learned from vLLM's own write op."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    from tests.support.kv_layout import PagedKVLayout
+
+    impl, cache = layer.impl, layer.kv_cache
+    _, num_kv_heads, block_size, _ = cache.shape
+    key = (layer.isa, cache.dtype, block_size, num_kv_heads, impl.head_size)
+    if key not in _CPU_LAYOUTS:
+        def probe_write(k, v, block, slots):
+            # Between steps: NWOR's patch, if loaded, hands this to vLLM's own write.
+            CPUAttentionBackendImpl.do_kv_cache_update(impl, layer, k, v, block, slots)
+
+        _CPU_LAYOUTS[key] = PagedKVLayout.probe(probe_write, (1, *cache.shape[1:]), block_size,
+                                                num_kv_heads, impl.head_size, cache.dtype)
+    k, v = _CPU_LAYOUTS[key].gather(cache, block_ids, num_tokens)
+    return torch.cat([k, v], dim=-1).flatten(1)
 
 
 def runner_of(llm):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_nwor.nwor.kv_layout import PagedKVLayout
+from tests.support.kv_layout import PagedKVLayout
 
 H, BS, D = 2, 16, 8
 

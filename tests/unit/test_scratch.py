@@ -101,26 +101,25 @@ def _engine_config(num_blocks, max_num_seqs=8, k=4, max_model_len=256, nwor=True
 
 
 @pytest.fixture
-def on_cuda(monkeypatch):
+def engine_core():
     from vllm_nwor.patches.nwor import engine_core
 
-    monkeypatch.setattr(engine_core.current_platform, "is_cuda", lambda: True)
     return engine_core
 
 
-def test_the_scheduler_gets_the_cache_less_the_scratch_blocks(on_cuda):
+def test_the_scheduler_gets_the_cache_less_the_scratch_blocks(engine_core):
     vllm_config, kv_cache_config = _engine_config(100)
-    initialize = on_cuda._wrap_initialize_kv_caches(lambda self, config: kv_cache_config)
+    initialize = engine_core._wrap_initialize_kv_caches(lambda self, config: kv_cache_config)
     assert initialize(None, vllm_config).num_blocks == 100 - 8 * 2
     assert vllm_config.cache_config.num_gpu_blocks == 84
     off_config, off_kv = _engine_config(100, nwor=False)
-    assert on_cuda._wrap_initialize_kv_caches(lambda self, c: off_kv)(None, off_config) \
+    assert engine_core._wrap_initialize_kv_caches(lambda self, c: off_kv)(None, off_config) \
         .num_blocks == 100
 
 
-def test_too_small_a_cache_fails_at_start_up_naming_the_numbers(on_cuda):
+def test_too_small_a_cache_fails_at_start_up_naming_the_numbers(engine_core):
     vllm_config, kv_cache_config = _engine_config(30, max_model_len=256)  # 16 kept, 14 < 16
-    initialize = on_cuda._wrap_initialize_kv_caches(lambda self, config: kv_cache_config)
+    initialize = engine_core._wrap_initialize_kv_caches(lambda self, config: kv_cache_config)
     from vllm_nwor.config import NworConfigError
 
     with pytest.raises(NworConfigError, match=r"keeps 16 KV blocks.*leaves 14.*needs \(16\)"):

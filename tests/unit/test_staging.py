@@ -641,8 +641,8 @@ def test_a_graph_step_with_some_layers_run_in_python_is_incomplete():
 def test_core_modules_import_without_vllm():
     code = (
         "import sys, vllm_nwor, vllm_nwor.nwor.counters, vllm_nwor.nwor.kv_staging, "
-        "vllm_nwor.nwor.interceptor, vllm_nwor.nwor.verify_step, vllm_nwor.nwor.attention, "
-        "vllm_nwor.nwor.kv_layout, vllm_nwor.scv, vllm_nwor.telemetry, vllm_nwor.config, "
+        "vllm_nwor.nwor.interceptor, vllm_nwor.nwor.verify_step, vllm_nwor.scv, "
+        "vllm_nwor.telemetry, vllm_nwor.config, "
         "vllm_nwor.inspect, vllm_nwor.plugin; "
         "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')], 'vllm'"
     )

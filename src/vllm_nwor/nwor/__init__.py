@@ -8,9 +8,6 @@ wires it in.
   the upload of those indices to the device.
 - :mod:`~vllm_nwor.nwor.kv_staging`: where the drafts' K/V wait for the verdict.
 - :mod:`~vllm_nwor.nwor.counters`: what NWOR did, and why a step fell back.
-- :mod:`~vllm_nwor.nwor.attention`: verify attention over the committed prefix and the staged
-  chunk.
-- :mod:`~vllm_nwor.nwor.kv_layout`: the paged layout that attention reads.
 - :mod:`~vllm_nwor.nwor.kernels`: the Triton kernels.
 
 Terms used throughout the package:
@@ -23,18 +20,18 @@ draft row
     (the request's last sampled token, or prompt tokens) are not drafts.
 staged
     A draft row whose K/V waits for the verdict outside the blocks the scheduler gave its
-    request: in the :class:`~vllm_nwor.nwor.kv_staging.StagingBuffer`, or in scratch KV blocks
-    (:class:`~vllm_nwor.nwor.kv_staging.ScratchStaging`, FLASH_ATTN).
+    request: in scratch KV blocks (:mod:`~vllm_nwor.nwor.kernels.scratch`), and on the CPU also
+    in the :class:`~vllm_nwor.nwor.kv_staging.StagingBuffer`.
 chunk
     One request's rows in one verify step: its last sampled token and its drafts (or a prompt
-    chunk, for a request without drafts). Verify attention sees the chunk from the layer's own
-    key/value inputs, so staged drafts are visible without being in the cache.
+    chunk, for a request without drafts). Verify attention reads a drafting request's chunk
+    from its scratch blocks, so staged drafts are visible without being in its own blocks.
 committed
     A staged token whose draft rejection sampling accepted. Its K/V is written to the paged KV
     cache for every layer, through the one slot mapping all layers share.
 rejected
     A staged token whose draft was rejected. Its K/V never reaches a block the scheduler gave a
-    request (on FLASH_ATTN it was written to a scratch block).
+    request (it was written to a scratch block).
 fallback
     The step takes vLLM's plain write path for every token that must be in the cache. Counted by
     :class:`~vllm_nwor.nwor.counters.FallbackReason`. A fallback never loses an accepted

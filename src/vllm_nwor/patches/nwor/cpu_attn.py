@@ -1,31 +1,44 @@
-"""CPU_ATTN patches: staged KV writes and chunk-verify attention on vLLM's CPU backend.
+"""CPU_ATTN patches: vLLM's own CPU attention over scratch blocks in a staged verify step.
 
 vLLM 0.32's CPU backend writes a decoder layer's KV in ``do_kv_cache_update`` only (its
-``forward`` writes for encoder attention alone). In a staged verify step both are intercepted:
-``do_kv_cache_update`` hands the write to the interceptor (drafts staged, other rows written), and
-``forward`` computes attention over the committed prefix merged with the step's chunk itself,
-without calling vLLM's. Every other call goes to vLLM unchanged.
+``forward`` writes for encoder attention alone). In a staged verify step:
 
-The CPU attention kernel returns no log-sum-exp, so the staged step's attention is the PyTorch
-reference in :mod:`vllm_nwor.nwor.attention`, reading the cache through a layout learned from the
-backend's own write op (:mod:`vllm_nwor.nwor.kv_layout`).
+- ``do_kv_cache_update``, per layer: the interceptor stages the drafts' K/V (its buffer) and
+  writes every other row with vLLM's write, to its own slot;
+- ``forward``, per layer: each drafting request's blocks from the one holding its first draft
+  onward are copied to its scratch blocks (blocks the engine core keeps from the scheduler,
+  :func:`~vllm_nwor.nwor.kernels.scratch.scratch_blocks`), its drafts are written there with
+  vLLM's write, and vLLM's own attention kernel runs over a copy of the block table in which
+  those blocks are the scratch blocks. It reads the same K/V at the same positions as without
+  NWOR, through the same kernel; no draft reaches a block the scheduler gave a request.
+
+After rejection sampling the interceptor writes each layer's accepted drafts from its buffer to
+their own slots, with vLLM's write. The block copy is whole blocks of vLLM's cache tensor, so it
+does not depend on the layout vLLM's CPU kernels give a block.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
-from vllm_nwor.nwor.attention import chunk_verify_attention
-from vllm_nwor.nwor.kv_layout import PagedKVLayout
+from vllm_nwor._logging import get_logger
+from vllm_nwor.config import NworConfigError
+from vllm_nwor.nwor.counters import FallbackReason
+from vllm_nwor.nwor.kernels.scratch import scratch_blocks
+from vllm_nwor.nwor.verify_step import VerifyStep
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
     staged_binding,
     wrap_kv_cache_update,
 )
+
+logger = get_logger(__name__)
 
 
 def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -34,11 +47,71 @@ def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) ->
     )
 
 
+class CpuScratch:
+    """One engine's scratch blocks on the CPU, and each staged step's plan for them, made once
+    per step (host arrays; the CPU has no graphs to replay)."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int,
+                 num_spec_tokens: int) -> None:
+        self.per_request, total = scratch_blocks(max_num_seqs, num_spec_tokens, block_size)
+        if total >= num_blocks:
+            raise NworConfigError(
+                f"'nwor': true needs {total} scratch KV blocks (max_num_seqs={max_num_seqs}, "
+                f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
+                f"has {num_blocks}")
+        self.base = num_blocks - total  # the engine core kept these from the scheduler
+        self.block_size = block_size
+        self._for: Any = None  # the metadata the plan below was made for
+        self._metadata: Any = None  # it, with the scratch table as its block table
+        self._src = self._dst = self._slots = torch.empty(0, dtype=torch.int64)
+
+    def plan(self, attn_metadata, step: VerifyStep) -> None:
+        """The step's block copies, draft slots and block table, once per step."""
+        if self._for is attn_metadata:
+            return
+        bs, per = self.block_size, self.per_request
+        counts = np.asarray(step.num_draft_tokens, dtype=np.int64)
+        num_reqs = len(counts)
+        seq = attn_metadata.seq_lens[:num_reqs].numpy().astype(np.int64)
+        lo = (seq - counts) // bs  # the block of each request's first draft
+        hi = (seq - 1) // bs  # and of its last
+        drafting = counts > 0
+        if np.any(hi[drafting] - lo[drafting] >= per):
+            raise ValueError("a request's drafts span more blocks than it has scratch blocks")
+        table = attn_metadata.block_table.clone()
+        own = table.numpy()
+        reqs = np.flatnonzero(drafting)
+        src, dst = [], []
+        for j in range(per):
+            r = reqs[lo[reqs] + j <= hi[reqs]]
+            src.append(own[r, lo[r] + j].astype(np.int64))
+            dst.append(self.base + r * per + j)
+            own[r, lo[r] + j] = dst[-1]
+        token_req = step.token_req.numpy()
+        position = seq[token_req] - counts[token_req] + step.token_pos.numpy()
+        block = self.base + token_req * per + position // bs - lo[token_req]
+        self._src = torch.from_numpy(np.concatenate(src))
+        self._dst = torch.from_numpy(np.concatenate(dst))
+        self._slots = torch.from_numpy(block * bs + position % bs)
+        self._metadata = copy.copy(attn_metadata)  # as vLLM's update_block_table does
+        self._metadata.block_table = table
+        self._for = attn_metadata
+
+    def through_scratch(self, impl, layer, key, value, kv_cache, attn_metadata,
+                        step: VerifyStep):
+        """Fills this layer's scratch blocks; the metadata vLLM's attention reads them by."""
+        self.plan(attn_metadata, step)
+        kv_cache.index_copy_(0, self._dst, kv_cache.index_select(0, self._src))
+        rows = step.draft_rows
+        _vllm_do_kv_cache_update(impl, layer, key[rows], value[rows], kv_cache, self._slots)
+        return self._metadata
+
+
 class CpuAttnBackend:
     name = "CPU_ATTN"
 
     def __init__(self) -> None:
-        self._layouts: dict[tuple, PagedKVLayout] = {}
+        self.scratch: CpuScratch | None = None
 
     def handles(self, impl: Any) -> bool:
         return isinstance(impl, CPUAttentionBackendImpl)
@@ -53,57 +126,33 @@ class CpuAttnBackend:
     def plain_write(self, layer, key, value, slot_mapping) -> None:
         _vllm_do_kv_cache_update(layer.impl, layer, key, value, layer.kv_cache, slot_mapping)
 
-    def layer_state(self, layer) -> PagedKVLayout:
-        impl, cache = layer.impl, layer.kv_cache
-        _, num_kv_heads, block_size, _ = cache.shape
-        key = (layer.isa, cache.dtype, block_size, num_kv_heads, impl.head_size)
-        if key not in self._layouts:
-
-            def write(k, v, block, slots):
-                _vllm_do_kv_cache_update(impl, layer, k, v, block, slots)
-
-            self._layouts[key] = PagedKVLayout.probe(
-                write, (1, *cache.shape[1:]), block_size, num_kv_heads, impl.head_size, cache.dtype
-            )
-        return self._layouts[key]
+    def layer_state(self, layer) -> CpuScratch | None:
+        return self.scratch  # made by fused_ops, which bind() calls first
 
     def fused_ops(self, layers, max_num_seqs, num_spec_tokens, max_rows
                   ) -> tuple[None, None, None]:
-        return None, None, None  # the interceptor's generic stage and commit use vLLM's CPU op
+        num_blocks, _, block_size, _ = layers[0].kv_cache.shape
+        self.scratch = CpuScratch(num_blocks, block_size, max_num_seqs, num_spec_tokens)
+        return None, None, None  # the interceptor's generic stage and commit: vLLM's write
 
     def window_attention(self, impl, window: int) -> None:
         impl.sliding_window = window  # CPUAttentionBackendImpl keeps vLLM's per-layer value
 
 
-BACKEND = CpuAttnBackend()
-
-
 def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         binding = staged_binding(layer, attn_metadata)
-        if binding is None:
-            return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
-                           *args, **kwargs)
-        layout: PagedKVLayout = binding.backend_state
-        block_table = attn_metadata.block_table
-        query_start_loc = attn_metadata.query_start_loc.tolist()
-        num_reqs = len(query_start_loc) - 1
-
-        def read_prefix(req: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return layout.gather(kv_cache, block_table[req], num_tokens)
-
-        n = attn_metadata.num_actual_tokens
-        chunk_verify_attention(
-            query[:n],
-            key[:n],
-            value[:n],
-            query_start_loc,
-            attn_metadata.seq_lens[:num_reqs].tolist(),
-            read_prefix,
-            self.scale,
-            output,
-        )
-        return output
+        if binding is not None:
+            interceptor = binding.interceptor
+            try:
+                attn_metadata = binding.backend_state.through_scratch(
+                    self, layer, key, value, kv_cache, attn_metadata, interceptor.step)
+            except Exception:
+                logger.exception("NWOR: verify attention through scratch blocks failed; "
+                                 "vLLM writes the step")
+                interceptor.discard(FallbackReason.STAGE_ERROR)  # every staged draft written
+        return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                       *args, **kwargs)
 
     return wrapper
 
@@ -114,13 +163,15 @@ PATCHES = [
         "do_kv_cache_update",
         wrap_kv_cache_update,
         why="Route a bound target layer's KV write through the interceptor during a verify "
-        "step. Draft-model layers are unbound and untouched.",
+        "step: drafts staged, other rows written by vLLM. Draft-model layers are unbound and "
+        "untouched.",
     ),
     Patch(
         CPUAttentionBackendImpl,
         "forward",
         _wrap_forward,
-        why="In a staged verify step: attention over the cache prefix and the staged chunk "
-        "(the CPU kernel returns no log-sum-exp to merge them). Retired by a kernel that does.",
+        why="In a staged verify step: vLLM's own attention over a block table in which each "
+        "drafting request's last blocks are scratch blocks holding its committed tokens and "
+        "the step's chunk.",
     ),
 ]

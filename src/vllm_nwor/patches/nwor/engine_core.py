@@ -1,14 +1,13 @@
 """Engine-core patch: keep NWOR's scratch blocks out of the scheduler's block pool.
 
-On CUDA, verify attention reads each drafting request's chunk from scratch blocks at the end of
-every layer's paged cache (:mod:`vllm_nwor.nwor.kernels.scratch`, docs/gpu.md). The workers allocate
-the cache vLLM sized; the scheduler is given that many blocks less the scratch blocks, so it never
-hands one to a request.
+Verify attention reads each drafting request's chunk from scratch blocks at the end of every
+layer's paged cache (:mod:`vllm_nwor.nwor.kernels.scratch`; docs/gpu.md, docs/design.md). The
+workers allocate the cache vLLM sized; the scheduler is given that many blocks less the scratch
+blocks, so it never hands one to a request.
 """
 
 from __future__ import annotations
 
-from vllm.platforms import current_platform
 from vllm.v1.engine.core import EngineCore
 
 from vllm_nwor._logging import get_logger
@@ -21,9 +20,9 @@ logger = get_logger(__name__)
 
 
 def reserved_blocks(vllm_config) -> int:
-    """How many blocks the scheduler must not hand out: NWOR's scratch blocks on CUDA, else 0."""
+    """How many blocks the scheduler must not hand out: NWOR's scratch blocks, else 0."""
     spec = vllm_config.speculative_config
-    if spec is None or not current_platform.is_cuda():
+    if spec is None:
         return 0
     if not plugin_config(vllm_config).nwor:
         return 0

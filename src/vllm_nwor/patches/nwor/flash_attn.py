@@ -31,7 +31,6 @@ from typing import Any
 import torch
 import vllm.v1.attention.backends.flash_attn as fa
 from vllm.forward_context import get_forward_context
-from vllm.platforms import current_platform
 
 from vllm_nwor.nwor.kv_staging import CommitFn, ScratchStaging, StageFn, WriteBackFn
 from vllm_nwor.patches._patch import Patch, original
@@ -96,10 +95,6 @@ class FlashAttnBackend:
             if impl.sliding_window not in (None, (-1, -1)) else None,
             f"decode context parallel size {impl.dcp_world_size}"
             if getattr(impl, "dcp_world_size", 1) > 1 else None,
-            # The engine core keeps the scratch blocks from the scheduler on CUDA only
-            # (engine_core.reserved_blocks): anywhere else a request could own one.
-            f"platform {current_platform.device_name!r} (scratch blocks are reserved on CUDA "
-            "only)" if not current_platform.is_cuda() else None,
         )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
