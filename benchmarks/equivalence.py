@@ -767,7 +767,7 @@ def tp_checks(on: dict, tp: int) -> list[str]:
     seen = {(r["steps"], r["drafted"], r["accepted"]) for r in ranks}
     if len(seen) > 1:
         failed.append(f"ranks saw different (steps, drafted, accepted): {sorted(seen)}")
-    tokens = [{k: v for k, v in (c or {}).items() if k != "kv_bytes_not_written"}
+    tokens = [{k: v for k, v in (c or {}).items() if k != "rejected_kv_bytes"}
               for c in on.get("rank_counters") or []]
     if len(tokens) != tp or any(t != tokens[0] for t in tokens):
         failed.append(f"NWOR's counters by rank differ: {tokens}")

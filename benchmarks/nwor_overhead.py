@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import tempfile
@@ -68,7 +67,7 @@ from benchmarks.harness.engines import (
     write_eagle3_head,
     write_models,
 )
-from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
+from benchmarks.harness.results import append_jsonl, geomean_interval, parse_or_merge, write_json
 
 KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head size x bf16
 
@@ -330,11 +329,6 @@ def a_over_a(results) -> dict:
             "step_ratio_over_both_off": _round(over_both_steps)}
 
 
-T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-         10: 2.23, 15: 2.13, 20: 2.09, 30: 2.04}
-"""Student's t, 97.5% quantile, by degrees of freedom (a df between keys takes the smaller
-key's, the wider interval)."""
-
 POOLED = ("throughput_ratio_paired", "aa_throughput_ratio_paired",
           "throughput_ratio_over_both_off_paired", "step_ratio", "aa_step_ratio", "itl_ratio",
           "aa_itl_ratio")
@@ -364,14 +358,9 @@ def pooled(cells: list[dict]) -> dict:
             continue
         out[name] = {"cells": len(group)}
         for key in POOLED:
-            logs = [math.log(c[key]) for c in group if c.get(key)]
-            if len(logs) < 2:
-                continue
-            mean, half = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-            half *= T_975[max(df for df in T_975 if df <= len(logs) - 1)]
-            out[name][key] = {"geomean": round(math.exp(mean), 4),
-                              "interval_95": [round(math.exp(mean - half), 4),
-                                              round(math.exp(mean + half), 4)]}
+            ratios = [c[key] for c in group if c.get(key)]
+            if len(ratios) >= 2:
+                out[name][key] = geomean_interval(ratios)
     return out
 
 

@@ -1,6 +1,6 @@
 """`make demo`: NWOR and SCV on the shipped model pair, against the plugin off.
 
-Runs vLLM 0.26's CPU engine with the committed byte-level pair (``models/pystd-target`` and
+Runs vLLM's CPU engine with the committed byte-level pair (``models/pystd-target`` and
 ``models/pystd-draft``, trained on the Python standard library by ``scripts/train_pair.py``; see
 docs/model_pair.md) and ``draft_model`` speculative decoding, k=3, in two modes:
 
@@ -49,20 +49,21 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 from vllm import LLM, SamplingParams  # noqa: E402
 
 import vllm_nwor  # noqa: E402
-from vllm_nwor.testing import RequestSteps, SpecStepRecorder, shipped_pair  # noqa: E402
+from vllm_nwor.testing import (  # noqa: E402
+    PAIR_DEMO_K,
+    PAIR_DEMO_MAX_TOKENS,
+    PAIR_DEMO_PROMPTS,
+    RequestSteps,
+    SpecStepRecorder,
+    pair_demo_engine_args,
+    shipped_pair,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-K = 3
-MAX_TOKENS = 96
+K = PAIR_DEMO_K
+MAX_TOKENS = PAIR_DEMO_MAX_TOKENS
 TIMED_PASSES = 3
-PROMPTS = [
-    "import os\nimport sys\n\n\ndef main(argv=None):\n    ",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    '    STATUS_OK = 0\n    STATUS_ERROR = 1\n    STATUS_BUSY = 2\n    STATUS_LOCKED = 3\n',
-    'def parse_header(line):\n    """Parse a Content-Type like header.\n\n    Return the main ',
-    "    try:\n        with open(filename, 'rb') as f:\n            data = f.read()\n    except ",
-    "# Copyright 2026. Naïve façade: ünïcödé in comments ✓\nλ = lambda ζ: ζ ** 2\n",
-]
+PROMPTS = PAIR_DEMO_PROMPTS
 PINNED_COST = [0.01, 5e-4, 5e-5]
 """SCV's step cost in seconds: 10 ms a step, 0.5 ms a scheduled token, 0.05 ms a draft."""
 # The plugin's keys per mode, added to the speculative config; "off" is vLLM alone.
@@ -104,12 +105,7 @@ def spec_decode_totals(llm: LLM) -> tuple[int, int]:
 
 
 def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
-    speculative = {"method": "draft_model", "model": draft, "num_speculative_tokens": K,
-                   **plugin_keys}
-    # max_model_len defaults to the pair's context, 256 tokens (bytes).
-    llm = LLM(model=target, dtype="float32", block_size=32, max_num_seqs=8,
-              max_num_batched_tokens=256, enforce_eager=True, gpu_memory_utilization=0.3,
-              disable_log_stats=False, seed=0, speculative_config=speculative)
+    llm = LLM(**pair_demo_engine_args(target, draft, plugin_keys))
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     recorder = SpecStepRecorder(llm)
     try:

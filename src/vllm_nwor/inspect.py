@@ -29,7 +29,7 @@ __all__ = [
 def get_counters(llm: Any) -> NworCounters | None:
     """NWOR counters of a running ``vllm.LLM`` (None when NWOR is off).
 
-    Token counts are the same on every tensor-parallel rank; KV bytes not written are summed over
+    Token counts are the same on every tensor-parallel rank; rejected KV bytes are summed over
     the ranks, since each holds its own heads.
     """
     combined = combine_rank_counters(llm.collective_rpc("nwor_counters"))

@@ -14,6 +14,8 @@ No machine here can reach a model hub.
   trained positions (docs/draft_window.md).
 - ``write_bigram_eagle_pair`` writes a target and an EAGLE (or EAGLE-3) head for it on the
   spot, built so that EAGLE drafts are accepted sometimes and rejected at other times.
+- ``PAIR_DEMO_*`` and ``pair_demo_engine_args``: ``make demo``'s workload on the shipped pair
+  (``benchmarks/nwor_cpu.py`` times the same).
 - ``SpecStepRecorder`` records each request's chunk sizes and acceptance lengths from an
   in-process engine's scheduler.
 """
@@ -46,6 +48,30 @@ def shipped_pair(models_dir: str | Path | None = None) -> tuple[str, str]:
                 "directory (scripts/train_pair.py writes it)"
             )
     return str(paths[0]), str(paths[1])
+
+
+PAIR_DEMO_K = 3
+PAIR_DEMO_MAX_TOKENS = 96
+PAIR_DEMO_PROMPTS = [
+    "import os\nimport sys\n\n\ndef main(argv=None):\n    ",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    '    STATUS_OK = 0\n    STATUS_ERROR = 1\n    STATUS_BUSY = 2\n    STATUS_LOCKED = 3\n',
+    'def parse_header(line):\n    """Parse a Content-Type like header.\n\n    Return the main ',
+    "    try:\n        with open(filename, 'rb') as f:\n            data = f.read()\n    except ",
+    "# Copyright 2026. Naïve façade: ünïcödé in comments ✓\nλ = lambda ζ: ζ ** 2\n",
+]
+"""``make demo``'s prompts: code the pair has seen the like of, and some it has not."""
+
+
+def pair_demo_engine_args(target: str, draft: str, plugin_keys: dict) -> dict:
+    """``make demo``'s ``LLM`` arguments: draft_model speculation with k = ``PAIR_DEMO_K`` and
+    the plugin's ``plugin_keys`` (none: vLLM alone). max_model_len is the pair's context, 256
+    tokens (bytes)."""
+    speculative = {"method": "draft_model", "model": draft,
+                   "num_speculative_tokens": PAIR_DEMO_K, **plugin_keys}
+    return dict(model=target, dtype="float32", block_size=32, max_num_seqs=8,
+                max_num_batched_tokens=256, enforce_eager=True, gpu_memory_utilization=0.3,
+                disable_log_stats=False, seed=0, speculative_config=speculative)
 
 
 def write_tiny_llama_pair(

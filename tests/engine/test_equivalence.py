@@ -96,5 +96,5 @@ def test_counters_agree_with_vllm_spec_decode_stats(runs):
     assert_counters_agree(counters, drafted, accepted)
     assert counters.verify_steps_staged == len(runs[True]["steps"])
     # 3 layers x (K + V) x 2 KV heads x head size 32 x fp32
-    assert counters.kv_bytes_not_written == (drafted - accepted) * 3 * 2 * 2 * 32 * 4
+    assert counters.rejected_kv_bytes == (drafted - accepted) * 3 * 2 * 2 * 32 * 4
     assert runs[False]["counters"] is None

@@ -104,12 +104,12 @@ TP_CASE = next(c for c in equivalence.cases(on_cuda=True) if c.name == "tp2_draf
 def tp_row() -> dict:
     """A tp2 row as run_case makes it, on two GPUs, every check passing."""
     counters = {"verify_steps_staged": 9, "tokens_staged": 30, "tokens_committed": 10,
-                "tokens_rejected": 20, "kv_bytes_not_written": 100, "fallbacks": {}}
+                "tokens_rejected": 20, "rejected_kv_bytes": 100, "fallbacks": {}}
     worker = {"device_type": "cuda", "custom_all_reduce": True, "nwor_graph_steps": 5,
               "full_verify_steps": 7, "dispatches": {"4:FULL": 7, "mixed:PIECEWISE": 2}}
     ranks = [{"tp_rank": rank, "steps": 12, "drafted": 30, "accepted": 10,
               "worker": dict(worker)} for rank in (0, 1)]
-    return {"counters": counters | {"kv_bytes_not_written": 200}, "counters_error": None,
+    return {"counters": counters | {"rejected_kv_bytes": 200}, "counters_error": None,
             "rank_counters": [dict(counters), dict(counters)], "drafted": 30, "accepted": 10,
             "prefix_cache_hits": 4, "preemptions": 0, "sampled_tokens_exact": True,
             "settings": {"async_scheduling": False, "enable_prefix_caching": True},

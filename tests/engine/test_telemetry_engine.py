@@ -85,7 +85,7 @@ def test_nwor_counters_and_their_metrics_agree_with_the_acceptance_lengths(runs)
     assert counters["tokens_committed"] == total["accepted"]
     assert counters["tokens_staged"] == total["drafted"]
     for name in ("verify_steps_staged", "tokens_staged", "tokens_committed", "tokens_rejected",
-                 "kv_bytes_not_written"):
+                 "rejected_kv_bytes"):
         assert metrics[f"vllm:nwor_{name}"] == counters[name], name
 
 

@@ -66,14 +66,14 @@ def test_both_ranks_counted_the_same_and_as_vllm(runs):
     on = runs["on"]
     ranks = on["rank_counters"]
     assert len(ranks) == 2 and all(r is not None for r in ranks)
-    tokens = [{k: v for k, v in r.items() if k != "kv_bytes_not_written"} for r in ranks]
+    tokens = [{k: v for k, v in r.items() if k != "rejected_kv_bytes"} for r in ranks]
     assert tokens[0] == tokens[1]
     drafted, accepted = on["spec_stats"]
     combined = on["counters"]
     assert combined["fallbacks"] == {}
     assert (combined["tokens_staged"], combined["tokens_committed"]) == (drafted, accepted)
     assert 0 < accepted < drafted  # drafts were accepted and rejected
-    assert combined["kv_bytes_not_written"] == sum(r["kv_bytes_not_written"] for r in ranks)
+    assert combined["rejected_kv_bytes"] == sum(r["rejected_kv_bytes"] for r in ranks)
 
 
 def test_every_rank_audited_every_step(runs):
@@ -111,7 +111,7 @@ def test_scv_and_draft_window_make_the_same_choices_on_every_rank(runs, scv_run)
     # steps planned at each draft budget 0..k: several sizes were used
     assert budgets is not None and sum(1 for n in budgets if n) > 1, budgets
     ranks = scv_run["rank_counters"]
-    tokens = [{k: v for k, v in r.items() if k != "kv_bytes_not_written"} for r in ranks]
+    tokens = [{k: v for k, v in r.items() if k != "rejected_kv_bytes"} for r in ranks]
     assert len(ranks) == 2 and tokens[0] == tokens[1]
     drafted, accepted = scv_run["greedy_spec_stats"]
     assert 0 < accepted < drafted

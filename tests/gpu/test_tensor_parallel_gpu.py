@@ -97,8 +97,8 @@ def test_every_rank_audited_every_step_and_counted_as_vllm(row):
         assert (counters["tokens_staged"], counters["tokens_committed"],
                 counters["tokens_rejected"]) == (drafted, accepted, drafted - accepted)
     combined = row["counters"]
-    assert combined["kv_bytes_not_written"] == sum(
-        c["kv_bytes_not_written"] for c in row["rank_counters"]) > 0
+    assert combined["rejected_kv_bytes"] == sum(
+        c["rejected_kv_bytes"] for c in row["rank_counters"]) > 0
     assert row["prefix_cache_hits"] > 0 and row["hits_beside_verify"] > 0
     assert row["checks_failed"] == []
 

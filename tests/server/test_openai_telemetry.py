@@ -132,7 +132,7 @@ def test_each_request_agrees_with_vllm_counters_and_plugin_metrics(traffic):
         assert d("vllm:nwor_tokens_staged_total") == drafted, name
         assert d("vllm:nwor_tokens_committed_total") == accepted, name
         assert d("vllm:nwor_tokens_rejected_total") == drafted - accepted, name
-        assert d("vllm:nwor_kv_bytes_not_written_total") == \
+        assert d("vllm:nwor_rejected_kv_bytes_total") == \
             (drafted - accepted) * KV_BYTES_PER_TOKEN, name
         assert not any(k[0] == "vllm:nwor_fallbacks_total" and after[k] for k in after), name
         # Chunk sizes (no SCV: the scheduled drafts) and the per-request histogram.

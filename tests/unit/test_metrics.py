@@ -17,7 +17,7 @@ LABELS = {"model_name": "m", "engine": "0"}
 
 def counters(staged, committed, fallbacks=None, steps=1, kv=0):
     return {"verify_steps_staged": steps, "tokens_staged": staged, "tokens_committed": committed,
-            "tokens_rejected": staged - committed, "kv_bytes_not_written": kv,
+            "tokens_rejected": staged - committed, "rejected_kv_bytes": kv,
             "fallbacks": fallbacks or {}}
 
 
@@ -44,7 +44,7 @@ def test_cumulative_nwor_counters_advance_by_their_increase(registry):
     assert value(registry, "vllm:nwor_tokens_staged_total") == 25
     assert value(registry, "vllm:nwor_tokens_committed_total") == 9
     assert value(registry, "vllm:nwor_tokens_rejected_total") == 16
-    assert value(registry, "vllm:nwor_kv_bytes_not_written_total") == 1600
+    assert value(registry, "vllm:nwor_rejected_kv_bytes_total") == 1600
     assert value(registry, "vllm:nwor_fallbacks_total", reason="overflow") == 2
 
 

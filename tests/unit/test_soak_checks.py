@@ -22,7 +22,7 @@ class Verdicts:
         self.audit = SimpleNamespace(drafted=0, accepted=0, rejected_drafts=0, checked_tokens=0,
                                      violations=[])
         self.totals = {"tokens_staged": 0, "tokens_committed": 0, "tokens_rejected": 0,
-                       "kv_bytes_not_written": 0, "fallbacks": {}}
+                       "rejected_kv_bytes": 0, "fallbacks": {}}
         self.committed_per_step = committed_per_step
         self.runner = SimpleNamespace(device=SimpleNamespace(type="cpu"),
                                       sample_tokens=self.sample_tokens)

@@ -178,7 +178,7 @@ def test_commit_writes_exactly_non_draft_rows_and_accepted_drafts(accepted):
     assert counters.tokens_staged == 5
     assert counters.tokens_committed == sum(accepted)
     assert counters.tokens_rejected == 5 - sum(accepted)
-    assert counters.kv_bytes_not_written == 100 * (5 - sum(accepted))
+    assert counters.rejected_kv_bytes == 100 * (5 - sum(accepted))
     assert counters.fallbacks == {}
     assert not interceptor.active
 

@@ -84,10 +84,10 @@ def test_nwor_counters_are_not_read_when_nwor_is_off():
 
 
 def test_rank_counters_sum_kv_bytes_and_check_that_every_token_count_agrees():
-    rank = {"tokens_staged": 5, "tokens_committed": 2, "kv_bytes_not_written": 300,
+    rank = {"tokens_staged": 5, "tokens_committed": 2, "rejected_kv_bytes": 300,
             "fallbacks": {}}
-    combined = combine_rank_counters([rank, dict(rank, kv_bytes_not_written=100)])
-    assert combined["tokens_staged"] == 5 and combined["kv_bytes_not_written"] == 400
+    combined = combine_rank_counters([rank, dict(rank, rejected_kv_bytes=100)])
+    assert combined["tokens_staged"] == 5 and combined["rejected_kv_bytes"] == 400
     assert combine_rank_counters([None, None]) is None
     with pytest.raises(RuntimeError, match="tokens_committed is rank 0: 2, rank 1: 3"):
         combine_rank_counters([rank, dict(rank, tokens_committed=3)])

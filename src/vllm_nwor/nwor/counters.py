@@ -28,7 +28,7 @@ class NworCounters:
     tokens_staged: int = 0
     tokens_committed: int = 0
     tokens_rejected: int = 0
-    kv_bytes_not_written: int = 0
+    rejected_kv_bytes: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -37,6 +37,6 @@ class NworCounters:
             "tokens_staged": self.tokens_staged,
             "tokens_committed": self.tokens_committed,
             "tokens_rejected": self.tokens_rejected,
-            "kv_bytes_not_written": self.kv_bytes_not_written,
+            "rejected_kv_bytes": self.rejected_kv_bytes,
             "fallbacks": dict(self.fallbacks),
         }

@@ -261,7 +261,7 @@ class NworInterceptor:
             tokens_staged=self._tokens_staged,
             tokens_committed=committed,
             tokens_rejected=rejected,
-            kv_bytes_not_written=rejected * self.kv_bytes_per_token,
+            rejected_kv_bytes=rejected * self.kv_bytes_per_token,
             fallbacks=dict(self._fallbacks),
         )
 

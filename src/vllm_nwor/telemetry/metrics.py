@@ -49,7 +49,7 @@ _NWOR_TOKEN_COUNTERS = (
     "tokens_staged",
     "tokens_committed",
     "tokens_rejected",
-    "kv_bytes_not_written",
+    "rejected_kv_bytes",
 )
 _MIB = 1 << 20
 
@@ -100,13 +100,13 @@ class TelemetryMetrics:
             "tokens_rejected": counter(
                 "vllm:nwor_tokens_rejected",
                 "Staged draft tokens that were rejected; their K/V never reached a request's "
-                "own blocks (on the GPU it was written to NWOR's scratch blocks).",
+                "own blocks (it was written to NWOR's scratch blocks).",
             ),
-            "kv_bytes_not_written": counter(
-                "vllm:nwor_kv_bytes_not_written",
-                "Rejected tokens x K and V bytes of one token in all target layers, summed "
-                "over tensor-parallel ranks: the rejected drafts' K/V kept out of requests' "
-                "blocks. Arithmetic, not bytes the hardware did not write.",
+            "rejected_kv_bytes": counter(
+                "vllm:nwor_rejected_kv_bytes",
+                "K and V bytes of the rejected drafts (rejected tokens x one token's K and V in "
+                "all target layers, summed over tensor-parallel ranks), kept out of requests' "
+                "blocks. NWOR wrote them to its scratch blocks: not bytes saved.",
             ),
         }
         self.nwor_fallbacks = counter(
@@ -281,8 +281,8 @@ class TelemetryLog:
                 f"NWOR staged {staged} draft tokens, committed "
                 f"{self._nwor.get('tokens_committed', 0)}, rejected {rejected} "
                 f"({100.0 * rejected / staged if staged else 0.0:.1f}%), "
-                f"{self._nwor.get('kv_bytes_not_written', 0) / _MIB:.1f} MiB of KV not "
-                f"written, fallbacks: {fallbacks or 'none'}"
+                f"{self._nwor.get('rejected_kv_bytes', 0) / _MIB:.1f} MiB of rejected "
+                f"drafts' KV kept out of requests' blocks, fallbacks: {fallbacks or 'none'}"
             )
         self._reset()
         self._nwor = {}

@@ -47,12 +47,12 @@ def combine_rank_counters(per_rank: Sequence[Mapping[str, Any] | None]) -> dict[
 
     Every rank stages and commits the same tokens, so every count but the bytes must agree; a
     difference means the ranks' caches differ, and raises, naming the ranks and their values.
-    KV bytes not written are summed, since each rank holds its own heads.
+    Rejected KV bytes are summed, since each rank holds its own heads.
     """
     if all(c is None for c in per_rank):
         return None
     ranks = [dict(c) if c is not None else None for c in per_rank]
-    keys = [k for k in next(c for c in ranks if c is not None) if k != "kv_bytes_not_written"]
+    keys = [k for k in next(c for c in ranks if c is not None) if k != "rejected_kv_bytes"]
     for key in keys:
         values = [None if c is None else c.get(key) for c in ranks]
         if any(v != values[0] for v in values):
@@ -60,7 +60,7 @@ def combine_rank_counters(per_rank: Sequence[Mapping[str, Any] | None]) -> dict[
             raise RuntimeError(f"NWOR counters differ across tensor-parallel ranks: {key} is "
                                f"{by_rank}")
     combined = ranks[0]
-    combined["kv_bytes_not_written"] = sum(c["kv_bytes_not_written"] for c in ranks)
+    combined["rejected_kv_bytes"] = sum(c["rejected_kv_bytes"] for c in ranks)
     return combined
 
 
