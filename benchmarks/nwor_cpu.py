@@ -1,6 +1,6 @@
 """NWOR's throughput on the CPU engine: ``make demo``'s workload, NWOR on over off, A/A beside.
 
-Three engines at once, each in its own process (the plugin installed in all three): vLLM alone
+Three engines at once in this process (the plugin installed in all three): vLLM alone
 (``off``), NWOR on (``on``) and vLLM alone again (``off_b``, the A/A control). Each round every
 engine generates ``make demo``'s requests once (the shipped pair, draft_model k = 3, greedy, 6
 requests x 96 tokens, :func:`vllm_nwor.testing.pair_demo_engine_args`); the order of the engines
@@ -14,7 +14,6 @@ turns round by round. Per round: tokens per second of ``on`` over ``off`` and of
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import time
 
@@ -23,8 +22,8 @@ from benchmarks.harness.results import environment, geomean_interval, write_resu
 ENGINES = {"off": {}, "on": {"nwor": True}, "off_b": {}}
 
 
-def engine_main(conn, plugin_keys: dict) -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def measure(rounds: int) -> dict:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # each engine core in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
@@ -35,41 +34,23 @@ def engine_main(conn, plugin_keys: dict) -> None:
         shipped_pair,
     )
 
-    llm = LLM(**pair_demo_engine_args(*shipped_pair(), plugin_keys))
     params = SamplingParams(max_tokens=PAIR_DEMO_MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    llm.generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)  # warm-up, as the demo's first pass
-    conn.send("ready")
-    while conn.recv() != "stop":
-        start = time.perf_counter()
-        outputs = llm.generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)
-        seconds = time.perf_counter() - start
-        tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        conn.send({"tok_s": sum(map(len, tokens)) / seconds, "tokens": tokens})
-
-
-def measure(rounds: int) -> dict:
-    context = mp.get_context("spawn")
     engines = {}
-    try:
-        for name, keys in ENGINES.items():  # one at a time: each sizes its KV cache at start-up
-            conn, child = context.Pipe()
-            process = context.Process(target=engine_main, args=(child, keys))
-            process.start()
-            child.close()  # a dead engine then ends our reads with EOFError
-            if conn.recv() != "ready":
-                raise RuntimeError(f"engine {name} did not start")
-            engines[name] = (conn, process)
-        runs: dict[str, list[dict]] = {name: [] for name in engines}
-        names = list(engines)
-        for rnd in range(rounds):
-            shift = rnd % len(names)
-            for name in names[shift:] + names[:shift]:
-                engines[name][0].send("go")
-                runs[name].append(engines[name][0].recv())
-    finally:
-        for conn, process in engines.values():
-            conn.send("stop")
-            process.join(timeout=60)
+    for name, keys in ENGINES.items():  # one at a time: each sizes its KV cache at start-up
+        engines[name] = LLM(**pair_demo_engine_args(*shipped_pair(), keys))
+        engines[name].generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)  # the demo's warm-up
+    runs: dict[str, list[dict]] = {name: [] for name in engines}
+    names = list(engines)
+    for rnd in range(rounds):
+        shift = rnd % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            outputs = engines[name].generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            tokens = [list(o.outputs[0].token_ids) for o in outputs]
+            runs[name].append({"tok_s": sum(map(len, tokens)) / seconds, "tokens": tokens})
+    for llm in engines.values():
+        llm.llm_engine.engine_core.shutdown()
     tok_s = {name: [round(r["tok_s"], 1) for r in rs] for name, rs in runs.items()}
     same = all(r["tokens"] == runs["off"][0]["tokens"] for rs in runs.values() for r in rs)
     return {
@@ -95,7 +76,7 @@ def main() -> None:
             **environment(), "benchmark": "nwor_cpu",
             "workload": "make demo's: the shipped pair (models/), draft_model k = 3, greedy, "
                         "6 requests x 96 tokens at once, fp32, block_size 32, max_num_seqs 8, "
-                        "enforce_eager; three engines in their own processes, taking turns",
+                        "enforce_eager; three engines in one process, taking turns",
             **result,
         })
 

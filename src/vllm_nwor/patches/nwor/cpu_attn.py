@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
 from vllm_nwor._logging import get_logger
@@ -45,6 +46,23 @@ def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) ->
     original(CPUAttentionBackendImpl.do_kv_cache_update)(
         impl, layer, key, value, kv_cache, slot_mapping
     )
+
+
+def _cache_writer(layer):
+    """vLLM's ``do_kv_cache_update`` of a decoder layer, with its views of the layer's cache
+    made once here rather than in every call (host time in every layer of every step)."""
+    impl, kv_cache = layer.impl, layer.kv_cache
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.size()
+    key_cache, value_cache = kv_cache.view(
+        (num_blocks, num_kv_heads, block_size * 2, -1)).chunk(2, dim=2)
+
+    def write(key, value, slot_mapping) -> None:
+        ops.cpu_attn_reshape_and_cache(
+            key, value, key_cache, value_cache, slot_mapping, layer.isa,
+            k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+            kv_cache_dtype=impl.kv_cache_dtype)
+
+    return write
 
 
 class CpuScratch:
@@ -97,13 +115,12 @@ class CpuScratch:
         self._metadata.block_table = table
         self._for = attn_metadata
 
-    def through_scratch(self, impl, layer, key, value, kv_cache, attn_metadata,
-                        step: VerifyStep):
-        """Fills this layer's scratch blocks; the metadata vLLM's attention reads them by."""
+    def through_scratch(self, write, kv_cache, drafts, attn_metadata, step: VerifyStep):
+        """Fills a layer's scratch blocks (``drafts``: its staged K and V; ``write``: vLLM's
+        write into its cache); the metadata vLLM's attention reads them by."""
         self.plan(attn_metadata, step)
         kv_cache.index_copy_(0, self._dst, kv_cache.index_select(0, self._src))
-        rows = step.draft_rows
-        _vllm_do_kv_cache_update(impl, layer, key[rows], value[rows], kv_cache, self._slots)
+        write(*drafts, self._slots)
         return self._metadata
 
 
@@ -112,6 +129,7 @@ class CpuAttnBackend:
 
     def __init__(self) -> None:
         self.scratch: CpuScratch | None = None
+        self._writers: dict[str, Any] = {}  # by layer name
 
     def handles(self, impl: Any) -> bool:
         return isinstance(impl, CPUAttentionBackendImpl)
@@ -124,15 +142,20 @@ class CpuAttnBackend:
         )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
-        _vllm_do_kv_cache_update(layer.impl, layer, key, value, layer.kv_cache, slot_mapping)
+        writer = self._writers.get(layer.layer_name)
+        if writer is None:
+            _vllm_do_kv_cache_update(layer.impl, layer, key, value, layer.kv_cache, slot_mapping)
+        else:
+            writer(key, value, slot_mapping)
 
-    def layer_state(self, layer) -> CpuScratch | None:
-        return self.scratch  # made by fused_ops, which bind() calls first
+    def layer_state(self, layer) -> tuple[CpuScratch | None, Any]:
+        return self.scratch, self._writers.get(layer.layer_name)  # made by fused_ops first
 
     def fused_ops(self, layers, max_num_seqs, num_spec_tokens, max_rows
                   ) -> tuple[None, None, None]:
         num_blocks, _, block_size, _ = layers[0].kv_cache.shape
         self.scratch = CpuScratch(num_blocks, block_size, max_num_seqs, num_spec_tokens)
+        self._writers = {layer.layer_name: _cache_writer(layer) for layer in layers}
         return None, None, None  # the interceptor's generic stage and commit: vLLM's write
 
     def window_attention(self, impl, window: int) -> None:
@@ -144,9 +167,11 @@ def _wrap_forward(forward):
         binding = staged_binding(layer, attn_metadata)
         if binding is not None:
             interceptor = binding.interceptor
+            scratch, write = binding.backend_state
             try:
-                attn_metadata = binding.backend_state.through_scratch(
-                    self, layer, key, value, kv_cache, attn_metadata, interceptor.step)
+                attn_metadata = scratch.through_scratch(
+                    write, kv_cache, interceptor.buffer.chunk(binding.layer_idx), attn_metadata,
+                    interceptor.step)
             except Exception:
                 logger.exception("NWOR: verify attention through scratch blocks failed; "
                                  "vLLM writes the step")
