@@ -24,15 +24,17 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (vLLM 0.32, first run of the plugin on a GPU): the GPU tests (NWOR, SCV and
-# telemetry on the V2 runner with FLASH_ATTN, compile and CUDA graphs), the equivalence
-# matrix's single-GPU cases, NWOR's overhead with EAGLE-3 (A/A beside), the soak; then the TP 2
-# cases on two GPUs.
+# The plan (vLLM 0.32): the single-GPU equivalence matrix (the 8B pressure rows first), NWOR's
+# host time per step beside its overhead with EAGLE-3 (the 2% it cost at 7f2c08b), the soak;
+# then the TP 2 cases on two GPUs. The GPU tests (an engine pair a case, over an hour) last.
 stream0() {
-  step gpu_tests tests
+  step eq_pressure equivalence --models /tmp/m0 --cases \
+    pressure_8b_ngram_in_process,aa_pressure_8b_ngram_in_process,neg_pressure_8b_ngram_in_process
+  step overhead_e3_host nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 2 \
+    --aa --time-nwor-host
   step eq_1gpu equivalence --models /tmp/m0
-  step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 1.5 2.5 3.5 --batches 8 32 --reps 3 --aa
   step soak soak --seconds 120
+  step gpu_tests tests
 }
 after() {
   step eq_tp2 equivalence --models /tmp/m0 --cases \
