@@ -83,8 +83,7 @@ def test_nwor_with_eagle_gives_vllms_tokens(runs, method):
     off = runs(method)
     on = runs(method, nwor=True)
     assert on["tokens"] == off["tokens"]
-    for a, b in zip(on["logprobs"], off["logprobs"], strict=True):
-        assert a == pytest.approx(b, abs=1e-3)
+    assert on["logprobs"] == off["logprobs"]  # vLLM's own attention kernel on both sides
     drafted, accepted = on["stats"]
     assert on["stats"] == off["stats"]
     counters = on["counters"]
