@@ -293,9 +293,9 @@ def main() -> None:
     print_completions(scv)
     print_requests(runs)
     print(f"\nCounters over all {1 + TIMED_PASSES} passes, steps at each chunk size over the last, "
-          f"throughput over the {TIMED_PASSES} timed passes.\nOn the CPU, NWOR's staged steps "
-          "compute attention with the PyTorch reference for the whole batch\ninstead of vLLM's C++ "
-          "kernel (docs/design.md), so NWOR's throughput here says little about the GPU.\n")
+          f"throughput over the {TIMED_PASSES} timed passes, one engine after another: on a busy "
+          "machine a\nsingle run's ratio says little (benchmarks/nwor_cpu.py measures NWOR's "
+          "with an A/A beside it).\n")
     print_table(runs)
     draw(runs, args.png)
     print(f"\npicture: {os.path.relpath(args.png)}")
