@@ -44,7 +44,8 @@ def _wrap_initialize_kv_caches(initialize_kv_caches):
                     f"(max_num_seqs x (1 + ceil(num_speculative_tokens / block_size))); of the "
                     f"{kv_cache_config.num_blocks} blocks that leaves {left}, fewer than one "
                     f"request of max_model_len={vllm_config.model_config.max_model_len} needs "
-                    f"({needed}). Raise gpu_memory_utilization or lower max_num_seqs."
+                    f"({needed}). Raise gpu_memory_utilization (on the CPU: "
+                    "VLLM_CPU_KVCACHE_SPACE) or lower max_num_seqs."
                 )
             kv_cache_config.num_blocks = left
             vllm_config.cache_config.num_gpu_blocks = left
