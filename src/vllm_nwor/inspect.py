@@ -38,7 +38,7 @@ def get_counters(llm: Any) -> NworCounters | None:
 
 def reserved_kv_blocks(llm: Any) -> int:
     """KV blocks NWOR keeps from the scheduler of a ``vllm.LLM`` for verify attention's scratch
-    blocks (0 where NWOR is off or has none: off CUDA). vLLM's ``cache_config.num_gpu_blocks``
+    blocks (0 where NWOR is off). vLLM's ``cache_config.num_gpu_blocks``
     is what the scheduler hands out; the workers' caches hold this many more."""
     from vllm_nwor.patches.nwor.engine_core import reserved_blocks
 
