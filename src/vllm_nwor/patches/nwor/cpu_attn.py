@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm import _custom_ops as ops
+import vllm.v1.attention.backends.cpu_attn as cpu_attn_backend
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
 from vllm_nwor._logging import get_logger
@@ -57,7 +57,7 @@ def _cache_writer(layer):
         (num_blocks, num_kv_heads, block_size * 2, -1)).chunk(2, dim=2)
 
     def write(key, value, slot_mapping) -> None:
-        ops.cpu_attn_reshape_and_cache(
+        cpu_attn_backend.ops.cpu_attn_reshape_and_cache(  # what do_kv_cache_update calls
             key, value, key_cache, value_cache, slot_mapping, layer.isa,
             k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
             kv_cache_dtype=impl.kv_cache_dtype)
