@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.kernels.commit_kv import (
     CommitKV,
     Verdict,
@@ -23,7 +22,7 @@ from vllm_nwor.nwor.kernels.commit_kv import (
     check_caches,
     copy_rows_reference,
 )
-from vllm_nwor.nwor.kernels.scratch import plan_scratch, scratch_blocks
+from vllm_nwor.nwor.kernels.scratch import plan_scratch, scratch_base
 from vllm_nwor.nwor.verify_step import StagingOverflow
 
 PAD_SLOT_ID = -1
@@ -207,13 +206,8 @@ class ScratchStaging:
                  max_rows: int) -> None:
         check_caches(key_caches, value_caches)
         num_blocks, block_size = key_caches[0].shape[:2]
-        self.per_request, total = scratch_blocks(max_num_seqs, num_spec_tokens, block_size)
-        if total >= num_blocks:
-            raise NworConfigError(
-                f"'nwor': true needs {total} scratch KV blocks (max_num_seqs={max_num_seqs}, "
-                f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
-                f"has {num_blocks}")
-        self.base = num_blocks - total  # the engine core kept these from the scheduler
+        self.per_request, self.base = scratch_base(num_blocks, max_num_seqs, num_spec_tokens,
+                                                   block_size)
         self.key_caches, self.value_caches = key_caches, value_caches
         self.offsets = cache_offsets(key_caches, value_caches)
         self._commit = CommitKV(key_caches, value_caches, self.offsets, checked=False)

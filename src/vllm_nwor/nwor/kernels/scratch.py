@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.kernels._common import (
     HAS_TRITON,
     Launcher,
@@ -49,6 +50,19 @@ def scratch_blocks(max_num_seqs: int, num_spec_tokens: int, block_size: int) -> 
     most ``1 + ceil(num_spec_tokens / block_size)`` blocks; every batch row has its own."""
     per_request = 1 + -(-num_spec_tokens // block_size)
     return per_request, max_num_seqs * per_request
+
+
+def scratch_base(num_blocks: int, max_num_seqs: int, num_spec_tokens: int,
+                 block_size: int) -> tuple[int, int]:
+    """``(per_request, base)`` in a cache of ``num_blocks``: the scratch blocks are its last
+    ones, from ``base`` (the engine core kept them from the scheduler)."""
+    per_request, total = scratch_blocks(max_num_seqs, num_spec_tokens, block_size)
+    if total >= num_blocks:
+        raise NworConfigError(
+            f"'nwor': true needs {total} scratch KV blocks (max_num_seqs={max_num_seqs}, "
+            f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
+            f"has {num_blocks}")
+    return per_request, num_blocks - total
 
 
 def _request_plan(qsl, seq_lens, row_stage_index, req, width, block_size, per_request):

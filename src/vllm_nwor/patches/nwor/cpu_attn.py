@@ -28,9 +28,8 @@ import vllm.v1.attention.backends.cpu_attn as cpu_attn_backend
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.counters import FallbackReason
-from vllm_nwor.nwor.kernels.scratch import scratch_blocks
+from vllm_nwor.nwor.kernels.scratch import scratch_base
 from vllm_nwor.nwor.verify_step import VerifyStep
 from vllm_nwor.patches._patch import Patch, original
 from vllm_nwor.patches.nwor.binding import (
@@ -71,13 +70,8 @@ class CpuScratch:
 
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int,
                  num_spec_tokens: int) -> None:
-        self.per_request, total = scratch_blocks(max_num_seqs, num_spec_tokens, block_size)
-        if total >= num_blocks:
-            raise NworConfigError(
-                f"'nwor': true needs {total} scratch KV blocks (max_num_seqs={max_num_seqs}, "
-                f"num_speculative_tokens={num_spec_tokens}, block_size={block_size}); the cache "
-                f"has {num_blocks}")
-        self.base = num_blocks - total  # the engine core kept these from the scheduler
+        self.per_request, self.base = scratch_base(num_blocks, max_num_seqs, num_spec_tokens,
+                                                   block_size)
         self.block_size = block_size
         self._for: Any = None  # the metadata the plan below was made for
         self._metadata: Any = None  # it, with the scratch table as its block table
