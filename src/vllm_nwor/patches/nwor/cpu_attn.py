@@ -31,7 +31,7 @@ from vllm_nwor._logging import get_logger
 from vllm_nwor.nwor.counters import FallbackReason
 from vllm_nwor.nwor.kernels.scratch import scratch_base
 from vllm_nwor.nwor.verify_step import VerifyStep
-from vllm_nwor.patches._patch import Patch, original
+from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
     staged_binding,
@@ -39,12 +39,6 @@ from vllm_nwor.patches.nwor.binding import (
 )
 
 logger = get_logger(__name__)
-
-
-def _vllm_do_kv_cache_update(impl, layer, key, value, kv_cache, slot_mapping) -> None:
-    original(CPUAttentionBackendImpl.do_kv_cache_update)(
-        impl, layer, key, value, kv_cache, slot_mapping
-    )
 
 
 def _cache_writer(layer):
@@ -136,11 +130,7 @@ class CpuAttnBackend:
         )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
-        writer = self._writers.get(layer.layer_name)
-        if writer is None:
-            _vllm_do_kv_cache_update(layer.impl, layer, key, value, layer.kv_cache, slot_mapping)
-        else:
-            writer(key, value, slot_mapping)
+        self._writers[layer.layer_name](key, value, slot_mapping)  # made by fused_ops
 
     def layer_state(self, layer) -> tuple[CpuScratch | None, Any]:
         return self.scratch, self._writers.get(layer.layer_name)  # made by fused_ops first
