@@ -20,7 +20,9 @@ is idle: NWOR's counters equal vLLM's spec-decode stats, and memory did not grow
     python -m benchmarks.soak [--seconds 300] [--requests N] [--clients C] [--out JSON]
 
 The result has ``requests``, ``aborted``, ``violations`` (failed invariant checks, all kinds)
-and ``errors`` (requests that failed other than by the client's own abort), per run and summed.
+and ``errors`` (requests that failed other than by the client's own abort, and ``/metrics``
+scrapes refused or reset), per run and summed; ``slow_scrapes`` counts scrapes unanswered within
+their 10 s timeout.
 
 On the GPU the servers run draft_model on vLLM's default runner, V2, with vLLM's synthetic
 rejection sampling at a mean acceptance length of 2.5 of k + 1 = 5 (random weights accept
@@ -226,7 +228,10 @@ class Monitor(threading.Thread):
         self.violations: list[str] = []
         self.num_violations = self.scrapes = 0
         self.memory: list[dict] = []
-        self.errors = 0
+        # A scrape that got no answer in its timeout is a slow scrape (two servers on a 2-core
+        # CI machine), counted and reported; a refused or reset connection is an error.
+        self.errors = self.slow_scrapes = 0
+        self.error_samples: list[str] = []
 
     def check(self) -> dict:
         now = scrape(self.server)
@@ -247,8 +252,16 @@ class Monitor(threading.Thread):
         while not self.stop.wait(1.0):
             try:
                 self.check()
-            except OSError:
-                self.errors += 1
+            except OSError as error:
+                slow = isinstance(error, TimeoutError) or isinstance(
+                    getattr(error, "reason", None), TimeoutError)
+                if slow:
+                    self.slow_scrapes += 1
+                else:
+                    self.errors += 1
+                if len(self.error_samples) < 10:
+                    self.error_samples.append(
+                        f"/metrics at {time.monotonic() - start:.0f} s: {error!r}"[:300])
             self.memory.append({"t": round(time.monotonic() - start, 1),
                                 "rss": self.server.group_rss()})
 
@@ -372,7 +385,8 @@ def judge(tally: Tally, monitor: Monitor, final: dict, statuses: list[dict],
     return {
         "requests": tally.requests, "completed": tally.completed, "aborted": tally.aborted,
         "errors": tally.errors + monitor.errors, "violations": violations,
-        "checks_failed": failed, "error_samples": tally.error_samples,
+        "checks_failed": failed, "error_samples": tally.error_samples + monitor.error_samples,
+        "slow_scrapes": monitor.slow_scrapes,
         "traffic_seconds": round(traffic_seconds, 1), "kinds": tally.kinds,
         "finish_reasons": tally.finish_reasons, "vllm_stats": vllm_stats,
         "nwor_metrics": nwor, "fallbacks": audit.get("fallbacks"),

@@ -56,8 +56,8 @@ def test_soak_nwor_then_scv_through_vllm_serve(tmp_path):
         raise error
     for name, row in rows.items():
         summary = {k: row[k] for k in ("startup_seconds", "traffic_seconds", "requests",
-                                       "aborted", "errors", "violations", "checks_failed",
-                                       "error_samples")}
+                                       "aborted", "errors", "slow_scrapes", "violations",
+                                       "checks_failed", "error_samples")}
         print(name, summary, row["vllm_stats"], row["scv"] if "scv" in row else "")
         assert row["violations"] == 0 and row["errors"] == 0, (name, summary)
         assert row["requests"] >= 20 and row["aborted"] > 0, (name, summary)

@@ -7,6 +7,7 @@ plain write puts in the cache, is recorded in benchmarks/results/soak_2026-11-28
 from __future__ import annotations
 
 import json
+import urllib.error
 from types import SimpleNamespace
 
 import pytest
@@ -95,3 +96,24 @@ def test_the_end_of_run_checks():
     assert judged(84, 28, 30, aborted=1)["violations"] == 0
     assert judged(84, 28, 30, aborted=0)["violations"] == 2
     assert judged(90, 30, 29, aborted=0)["violations"] == 1  # /metrics != the worker's count
+
+
+@pytest.mark.parametrize("failure, slow", [
+    (TimeoutError("timed out"), True),
+    (urllib.error.URLError(TimeoutError("timed out")), True),
+    (ConnectionRefusedError(111, "Connection refused"), False),
+])
+def test_monitor_counts_a_refused_scrape_as_an_error_and_a_timeout_as_slow(failure, slow):
+    class Server:
+        def metrics_text(self):
+            raise failure
+
+        def group_rss(self):
+            return 0
+
+    monitor = soak.Monitor(Server())
+    stops = iter([False, True])  # one scrape, then stop
+    monitor.stop.wait = lambda _seconds: next(stops)
+    monitor.run()
+    assert (monitor.slow_scrapes, monitor.errors) == ((1, 0) if slow else (0, 1))
+    assert monitor.error_samples and "/metrics" in monitor.error_samples[0]
