@@ -1,36 +1,46 @@
-"""CPU_ATTN patches: vLLM's own CPU attention over scratch blocks in a staged verify step.
+"""CPU_ATTN patches: vLLM's own KV write and attention through scratch blocks in a verify step.
 
 vLLM 0.32's CPU backend writes a decoder layer's KV in ``do_kv_cache_update`` only (its
-``forward`` writes for encoder attention alone). In a staged verify step:
+``forward`` writes for encoder attention alone). The scratch span and the slots are those of
+FLASH_ATTN (:mod:`vllm_nwor.nwor.kernels.scratch`); what differs is that the CPU kernels' block
+layout depends on the ISA, so blocks and rows are moved only by vLLM's own write or whole. In a
+staged verify step:
 
-- ``do_kv_cache_update``, per layer: the interceptor stages the drafts' K/V (its buffer) and
-  writes every other row with vLLM's write, to its own slot;
-- ``forward``, per layer: each drafting request's blocks from the one holding its first draft
-  onward are copied to its scratch blocks (blocks the engine core keeps from the scheduler,
-  :func:`~vllm_nwor.nwor.kernels.scratch.scratch_blocks`), its drafts are written there with
-  vLLM's write, and vLLM's own attention kernel runs over a copy of the block table in which
-  those blocks are the scratch blocks. It reads the same K/V at the same positions as without
-  NWOR, through the same kernel; no draft reaches a block the scheduler gave a request.
+- ``do_kv_cache_update``, in the first layer: the plan, on the host, and a whole-block copy of
+  the first block of each drafting request's span (its blocks from the one holding its first
+  draft onward) to its scratch block (blocks the engine core keeps from the scheduler), for all
+  layers at once, so the scratch block holds the committed tokens that share it;
+- ``do_kv_cache_update``, per layer: the rows in the spans (drafts, and a last sampled token
+  that shares a span's first block) are copied out of the layer's K/V for the commit; then
+  vLLM's write of every row, through ``write_slots``, which send the spans' rows to the scratch
+  blocks;
+- ``forward``, per layer: vLLM's own attention kernel over a copy of the block table in which
+  each span's blocks are its scratch blocks. It reads the same K/V at the same positions as
+  without NWOR; no draft reaches a block the scheduler gave a request.
 
-After rejection sampling the interceptor writes each layer's accepted drafts from its buffer to
-their own slots, with vLLM's write. The block copy is whole blocks of vLLM's cache tensor, so it
-does not depend on the layout vLLM's CPU kernels give a block.
+After rejection sampling the commit writes each layer's accepted kept rows (copied aside) to
+their own slots with vLLM's write; every fallback writes all of them.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import vllm.v1.attention.backends.cpu_attn as cpu_attn_backend
+from vllm.forward_context import get_forward_context
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
 from vllm_nwor._logging import get_logger
+from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.counters import FallbackReason
+from vllm_nwor.nwor.kernels.commit_kv import PLACEHOLDER_TOKEN_ID, Verdict
 from vllm_nwor.nwor.kernels.scratch import scratch_base
-from vllm_nwor.nwor.verify_step import VerifyStep
+from vllm_nwor.nwor.kv_staging import CommitFn, StageFn, StagingBuffer, WriteBackFn
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
@@ -58,58 +68,142 @@ def _cache_writer(layer):
     return write
 
 
-class CpuScratch:
-    """One engine's scratch blocks on the CPU, and each staged step's plan for them, made once
-    per step (host arrays; the CPU has no graphs to replay)."""
+def _all_layers(caches: list[torch.Tensor]) -> torch.Tensor:
+    """The layers' caches as one ``[layers, blocks, ...]`` view: vLLM places a cache group's
+    layers in one allocation, at one stride apart (``vllm.v1.worker.utils.allocate_kv_cache``),
+    so one copy moves a block in every layer."""
+    first = caches[0]
+    gaps = {b.data_ptr() - a.data_ptr() for a, b in itertools.pairwise(caches)} or {0}
+    gap = gaps.pop()
+    if (gaps or gap < 0 or gap % first.element_size()
+            or any(c.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                   or c.shape != first.shape or c.stride() != first.stride() for c in caches)):
+        raise NworConfigError("'nwor': true on CPU_ATTN needs the target layers' KV caches "
+                              "in one allocation, equally spaced (as vLLM allocates them)")
+    return first.as_strided((len(caches), *first.shape),
+                            (gap // first.element_size(), *first.stride()))
 
-    def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int,
+
+def _index(values: list[int]) -> torch.Tensor:
+    return torch.from_numpy(np.array(values, dtype=np.int64))  # faster than torch.tensor
+
+
+class CpuScratch:
+    """One engine's scratch blocks on the CPU: the fused stage, commit and write-back
+    (:data:`~vllm_nwor.nwor.kv_staging.StageFn` and its kin) and the step's block table. The
+    step's plan is host arrays, made in the first layer (the CPU has no graphs to replay)."""
+
+    def __init__(self, layers: list, writers: list, max_num_seqs: int,
                  num_spec_tokens: int) -> None:
+        num_blocks, _, block_size, _ = layers[0].kv_cache.shape
         self.per_request, self.base = scratch_base(num_blocks, max_num_seqs, num_spec_tokens,
                                                    block_size)
         self.block_size = block_size
-        self._for: Any = None  # the metadata the plan below was made for
+        self.first_layer = layers[0].layer_name  # whose forward-context metadata the plan reads
+        self.num_layers = len(layers)
+        self.caches = _all_layers([layer.kv_cache for layer in layers])
+        self.writers = writers
+        # each layer's K and V of the step's kept rows, [rows, heads, head_size]
+        self.kept: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(layers)
+        self.planned_for: torch.Tensor | None = None  # the planned step's slot mapping
+        self._for: Any = None  # the attention metadata the plan was made from
         self._metadata: Any = None  # it, with the scratch table as its block table
-        self._src = self._dst = self._slots = torch.empty(0, dtype=torch.int64)
+        empty = torch.empty(0, dtype=torch.int64)
+        self._rows = self.write_slots = empty
+        self._kept: tuple[list[int], list[int], list[int]] = ([], [], [])  # slot, req, column
 
-    def plan(self, attn_metadata, step: VerifyStep) -> None:
-        """The step's block copies, draft slots and block table, once per step."""
-        if self._for is attn_metadata:
-            return
+    def ops(self) -> tuple[StageFn, CommitFn, WriteBackFn]:
+        return self.stage, self.commit, self.write_back
+
+    def plan(self, slot_mapping: torch.Tensor, row_stage_index: torch.Tensor) -> None:
+        """The step's block copies, kept rows, slots and block table. A loop over the batch's
+        requests in Python lists: on a few dozen rows, each numpy or torch op costs more host
+        time than the work."""
+        self.planned_for = None
+        metadata = get_forward_context().attn_metadata
+        md = metadata.get(self.first_layer) if isinstance(metadata, dict) else None
+        if md is None:
+            raise ValueError("no attention metadata for the first target layer")
         bs, per = self.block_size, self.per_request
-        counts = np.asarray(step.num_draft_tokens, dtype=np.int64)
-        num_reqs = len(counts)
-        seq = attn_metadata.seq_lens[:num_reqs].numpy().astype(np.int64)
-        lo = (seq - counts) // bs  # the block of each request's first draft
-        hi = (seq - 1) // bs  # and of its last
-        drafting = counts > 0
-        if np.any(hi[drafting] - lo[drafting] >= per):
-            raise ValueError("a request's drafts span more blocks than it has scratch blocks")
-        table = attn_metadata.block_table.clone()
-        own = table.numpy()
-        reqs = np.flatnonzero(drafting)
-        src, dst = [], []
-        for j in range(per):
-            r = reqs[lo[reqs] + j <= hi[reqs]]
-            src.append(own[r, lo[r] + j].astype(np.int64))
-            dst.append(self.base + r * per + j)
-            own[r, lo[r] + j] = dst[-1]
-        token_req = step.token_req.numpy()
-        position = seq[token_req] - counts[token_req] + step.token_pos.numpy()
-        block = self.base + token_req * per + position // bs - lo[token_req]
-        self._src = torch.from_numpy(np.concatenate(src))
-        self._dst = torch.from_numpy(np.concatenate(dst))
-        self._slots = torch.from_numpy(block * bs + position % bs)
-        self._metadata = copy.copy(attn_metadata)  # as vLLM's update_block_table does
-        self._metadata.block_table = table
-        self._for = attn_metadata
+        qsl, seq_lens = md.query_start_loc.tolist(), md.seq_lens.tolist()
+        stage_index, slots = row_stage_index.tolist(), slot_mapping.tolist()
+        table = md.block_table.numpy().copy()
+        write_slots = slot_mapping.numpy().copy()
+        src, dst, rows, kept_slots, kept_req, kept_draft = [], [], [], [], [], []
+        for req in range(len(qsl) - 1):
+            start, end = qsl[req], qsl[req + 1]
+            drafts = sum(1 for i in stage_index[start:end] if i >= 0)  # its last rows
+            if not drafts:
+                continue
+            seq, q = seq_lens[req], end - start
+            lo, hi = (seq - drafts) // bs, (seq - 1) // bs  # its first draft's block, last's
+            if hi - lo >= per:
+                raise ValueError(f"request {req}'s drafts span {hi - lo + 1} blocks, more "
+                                 f"than its {per} scratch blocks")
+            first = self.base + req * per
+            src.append(int(table[req, lo]))  # its later span blocks hold only this step's rows
+            dst.append(first)
+            table[req, lo:hi + 1] = range(first, first + hi - lo + 1)
+            p0 = seq - q  # its first row's position
+            for offset in range(max(lo * bs - p0, 0), q):  # its rows in the span
+                row, pos = start + offset, p0 + offset
+                if slots[row] < 0:
+                    continue
+                rows.append(row)
+                write_slots[row] = (first + pos // bs - lo) * bs + pos % bs
+                kept_slots.append(slots[row])
+                kept_req.append(req)
+                # a draft's column in the sampler's output that says it was accepted, else 0
+                kept_draft.append(max(offset - (q - drafts) + 1, 0))
+        for block, scratch in zip(src, dst, strict=True):  # a few: faster than index ops
+            self.caches.select(1, scratch).copy_(self.caches.select(1, block))
+        self._rows = _index(rows)
+        self.write_slots = torch.from_numpy(write_slots)
+        self._kept = (kept_slots, kept_req, kept_draft)
+        self._metadata = copy.copy(md)  # as vLLM's update_block_table does
+        self._metadata.block_table = torch.from_numpy(table)
+        self._for = md
+        self.planned_for = slot_mapping
 
-    def through_scratch(self, write, kv_cache, drafts, attn_metadata, step: VerifyStep):
-        """Fills a layer's scratch blocks (``drafts``: its staged K and V; ``write``: vLLM's
-        write into its cache); the metadata vLLM's attention reads them by."""
-        self.plan(attn_metadata, step)
-        kv_cache.index_copy_(0, self._dst, kv_cache.index_select(0, self._src))
-        write(*drafts, self._slots)
+    def stage(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor,
+              slot_mapping: torch.Tensor, row_stage_index: torch.Tensor,
+              buffer: StagingBuffer) -> None:
+        if layer_idx == 0:
+            self.plan(slot_mapping, row_stage_index)
+        elif slot_mapping is not self.planned_for:
+            raise ValueError(f"layer {layer_idx} stages a step the first layer did not plan")
+        self.kept[layer_idx] = (key.index_select(0, self._rows),
+                                value.index_select(0, self._rows))
+        self.writers[layer_idx](key, value, self.write_slots)
+
+    def metadata(self, attn_metadata):
+        """The planned step's attention metadata with the scratch table as its block table."""
+        if attn_metadata is not self._for:
+            raise ValueError("a layer's attention metadata is not the one the step was planned "
+                             "from")
         return self._metadata
+
+    def commit(self, buffer: StagingBuffer, verdict: Verdict) -> None:
+        self.write_back(range(self.num_layers), verdict.row_stage_index.shape[0], verdict)
+
+    def write_back(self, layers: Sequence[int], num_rows: int, verdict: Verdict | None) -> None:
+        """The kept rows of ``layers`` to their own slots with vLLM's write: those the verdict
+        accepted (then counted into ``verdict.committed``), or all of them. The verdict is
+        read on the host, as :meth:`Verdict.keep_rows` and :meth:`Verdict.count` define it."""
+        kept_slots, kept_req, kept_draft = self._kept
+        if verdict is not None:
+            sampled = verdict.sampled_token_ids.tolist()
+            kept_slots = [-1 if draft and sampled[req][draft] == PLACEHOLDER_TOKEN_ID else slot
+                          for slot, req, draft in zip(kept_slots, kept_req, kept_draft,
+                                                      strict=True)]
+        slots = _index(kept_slots)
+        for layer_idx in layers:
+            self.writers[layer_idx](*self.kept[layer_idx], slots)
+        if verdict is not None:
+            verdict.committed.add_(sum(
+                sampled[req][pos + 1] != PLACEHOLDER_TOKEN_ID
+                for req, pos in zip(verdict.token_req.tolist(), verdict.token_pos.tolist(),
+                                    strict=True)))
 
 
 class CpuAttnBackend:
@@ -117,7 +211,7 @@ class CpuAttnBackend:
 
     def __init__(self) -> None:
         self.scratch: CpuScratch | None = None
-        self._writers: dict[str, Any] = {}  # by layer name
+        self._writers: dict[str, Any] = {}  # by layer name, made by fused_ops
 
     def handles(self, impl: Any) -> bool:
         return isinstance(impl, CPUAttentionBackendImpl)
@@ -130,17 +224,17 @@ class CpuAttnBackend:
         )
 
     def plain_write(self, layer, key, value, slot_mapping) -> None:
-        self._writers[layer.layer_name](key, value, slot_mapping)  # made by fused_ops
+        self._writers[layer.layer_name](key, value, slot_mapping)
 
-    def layer_state(self, layer) -> tuple[CpuScratch | None, Any]:
-        return self.scratch, self._writers.get(layer.layer_name)  # made by fused_ops first
+    def layer_state(self, layer) -> CpuScratch | None:
+        return self.scratch  # made by fused_ops, which bind() calls first
 
     def fused_ops(self, layers, max_num_seqs, num_spec_tokens, max_rows
-                  ) -> tuple[None, None, None]:
-        num_blocks, _, block_size, _ = layers[0].kv_cache.shape
-        self.scratch = CpuScratch(num_blocks, block_size, max_num_seqs, num_spec_tokens)
+                  ) -> tuple[StageFn, CommitFn, WriteBackFn]:
         self._writers = {layer.layer_name: _cache_writer(layer) for layer in layers}
-        return None, None, None  # the interceptor's generic stage and commit: vLLM's write
+        self.scratch = CpuScratch(layers, [self._writers[layer.layer_name] for layer in layers],
+                                  max_num_seqs, num_spec_tokens)
+        return self.scratch.ops()
 
     def window_attention(self, impl, window: int) -> None:
         impl.sliding_window = window  # CPUAttentionBackendImpl keeps vLLM's per-layer value
@@ -150,16 +244,12 @@ def _wrap_forward(forward):
     def wrapper(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         binding = staged_binding(layer, attn_metadata)
         if binding is not None:
-            interceptor = binding.interceptor
-            scratch, write = binding.backend_state
             try:
-                attn_metadata = scratch.through_scratch(
-                    write, kv_cache, interceptor.buffer.chunk(binding.layer_idx), attn_metadata,
-                    interceptor.step)
+                attn_metadata = binding.backend_state.metadata(attn_metadata)
             except Exception:
                 logger.exception("NWOR: verify attention through scratch blocks failed; "
                                  "vLLM writes the step")
-                interceptor.discard(FallbackReason.STAGE_ERROR)  # every staged draft written
+                binding.interceptor.discard(FallbackReason.STAGE_ERROR)  # all kept rows written
         return forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                        *args, **kwargs)
 
@@ -172,8 +262,8 @@ PATCHES = [
         "do_kv_cache_update",
         wrap_kv_cache_update,
         why="Route a bound target layer's KV write through the interceptor during a verify "
-        "step: drafts staged, other rows written by vLLM. Draft-model layers are unbound and "
-        "untouched.",
+        "step (vLLM's own write, through slots that keep drafting requests' rows in scratch "
+        "blocks until the commit). Draft-model layers are unbound and untouched.",
     ),
     Patch(
         CPUAttentionBackendImpl,
