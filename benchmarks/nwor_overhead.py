@@ -67,7 +67,8 @@ from benchmarks.harness.engines import (
     write_eagle3_head,
     write_models,
 )
-from benchmarks.harness.results import append_jsonl, geomean_interval, parse_or_merge, write_json
+from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
+from vllm_nwor.testing import geomean_interval
 
 KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head size x bf16
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import platform
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -117,18 +115,3 @@ def write_json(path: Path, payload: dict) -> Path:
 
 def write_result(name: str, payload: dict) -> Path:
     return write_json(RESULTS / name, payload)
-
-
-T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-         10: 2.23, 15: 2.13, 20: 2.09, 30: 2.04}
-"""Student's t, 97.5% quantile, by degrees of freedom (a df between keys takes the smaller
-key's, the wider interval; scipy is not among vLLM's requirements)."""
-
-
-def geomean_interval(ratios: list[float]) -> dict:
-    """The geometric mean of ``ratios`` and its 95% interval (Student's t on the logs)."""
-    logs = [math.log(r) for r in ratios]
-    mean, half = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-    half *= T_975[max(df for df in T_975 if df <= len(logs) - 1)]
-    return {"geomean": round(math.exp(mean), 4),
-            "interval_95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]}

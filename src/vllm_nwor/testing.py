@@ -14,8 +14,10 @@ No machine here can reach a model hub.
   trained positions (docs/draft_window.md).
 - ``write_bigram_eagle_pair`` writes a target and an EAGLE (or EAGLE-3) head for it on the
   spot, built so that EAGLE drafts are accepted sometimes and rejected at other times.
-- ``PAIR_DEMO_*`` and ``pair_demo_engine_args``: ``make demo``'s workload on the shipped pair
-  (``benchmarks/nwor_cpu.py`` times the same).
+- ``PAIR_DEMO_*`` and ``pair_demo_engine_args``: ``make demo``'s workload on the shipped pair;
+  ``pair_demo_throughput`` times it for several plugin settings at once, the engines taking
+  turns step by step (``make demo`` and ``benchmarks/nwor_cpu.py``), and ``geomean_interval``
+  gives a ratio's geometric mean over rounds with its 95% interval.
 - ``SpecStepRecorder`` records each request's chunk sizes and acceptance lengths from an
   in-process engine's scheduler.
 """
@@ -23,6 +25,10 @@ No machine here can reach a model hub.
 from __future__ import annotations
 
 import json
+import math
+import os
+import statistics
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +78,75 @@ def pair_demo_engine_args(target: str, draft: str, plugin_keys: dict) -> dict:
     return dict(model=target, dtype="float32", block_size=32, max_num_seqs=8,
                 max_num_batched_tokens=256, enforce_eager=True, gpu_memory_utilization=0.3,
                 disable_log_stats=False, seed=0, speculative_config=speculative)
+
+
+def pair_demo_throughput(modes: dict[str, dict], rounds: int) -> dict:
+    """Tokens per second of ``make demo``'s workload with each of ``modes`` (a name and its
+    plugin keys; none: vLLM alone), every mode's engine in this process at once.
+
+    Each round gives every engine the demo's requests and then steps the engines in turn, one
+    engine step each, until all are done, timing each engine's own steps; the order turns round
+    by round. Taking turns step by step puts every engine in the same seconds of the host, so a
+    slow spell (another tenant on a shared machine) slows them alike, and a ratio of two modes'
+    throughput in one round is a fair one. Returns ``tok_s`` (per mode, one per round) and
+    whether every engine's greedy tokens were the same in every round."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # every engine core in this process
+    from vllm import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=PAIR_DEMO_MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    target, draft = shipped_pair()
+    engines = {}
+    for name, keys in modes.items():  # one at a time: each sizes its KV cache at start-up
+        llm = LLM(**pair_demo_engine_args(target, draft, keys))
+        llm.generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)  # the demo's warm-up
+        engines[name] = llm.llm_engine
+    names = list(engines)
+    tok_s: dict[str, list[float]] = {name: [] for name in names}
+    tokens: dict[str, list] = {name: [] for name in names}
+    try:
+        for rnd in range(rounds):
+            seconds = dict.fromkeys(names, 0.0)
+            done: dict[str, dict[str, list[int]]] = {name: {} for name in names}
+            for name in names:
+                for i, prompt in enumerate(PAIR_DEMO_PROMPTS):
+                    engines[name].add_request(f"{rnd}-{i}", prompt, params)
+            shift = rnd % len(names)
+            running = names[shift:] + names[:shift]
+            while running:
+                for name in list(running):
+                    start = time.perf_counter()
+                    outputs = engines[name].step()
+                    seconds[name] += time.perf_counter() - start
+                    for output in outputs:
+                        if output.finished:
+                            done[name][output.request_id] = list(output.outputs[0].token_ids)
+                    if not engines[name].has_unfinished_requests():
+                        running.remove(name)
+            for name in names:
+                ids = [done[name][f"{rnd}-{i}"] for i in range(len(PAIR_DEMO_PROMPTS))]
+                tok_s[name].append(round(sum(map(len, ids)) / seconds[name], 1))
+                tokens[name].append(ids)
+    finally:
+        for engine in engines.values():
+            engine.engine_core.shutdown()
+    first = tokens[names[0]][0]
+    return {"tok_s": tok_s,
+            "greedy_tokens_equal": all(t == first for ts in tokens.values() for t in ts)}
+
+
+T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23, 15: 2.13, 20: 2.09, 30: 2.04}
+"""Student's t, 97.5% quantile, by degrees of freedom (a df between keys takes the smaller
+key's, the wider interval; scipy is not among vLLM's requirements)."""
+
+
+def geomean_interval(ratios: list[float]) -> dict:
+    """The geometric mean of ``ratios`` and its 95% interval (Student's t on the logs)."""
+    logs = [math.log(r) for r in ratios]
+    mean, half = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    half *= T_975[max(df for df in T_975 if df <= len(logs) - 1)]
+    return {"geomean": round(math.exp(mean), 4),
+            "interval_95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]}
 
 
 def write_tiny_llama_pair(
