@@ -294,10 +294,16 @@ def wait_idle(server, timeout_s: float = 120.0) -> dict:
     raise TimeoutError("the server did not go idle after the traffic stopped")
 
 
+MIN_REQUESTS_WAIT = 8
+"""How many times its ``seconds`` a soak waits for its ``min_requests``."""
+
+
 def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: int,
          clients: int, max_model_len: int, cuda: bool, synthetic: bool, k: int,
-         seed: int = 0) -> dict:
-    """Runs the traffic against a ready server; returns the run's tally and checks."""
+         seed: int = 0, min_requests: int = 0) -> dict:
+    """Runs the traffic against a ready server for ``seconds``, and on until ``min_requests``
+    have ended (a slow or shared machine) but at most ``MIN_REQUESTS_WAIT`` times
+    ``seconds``; returns the run's tally and checks."""
     from tests.support.soak_audit import read_status
 
     tally = Tally()
@@ -306,13 +312,18 @@ def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: i
     monitor.start()
     text = corpus()
     deadline = time.monotonic() + seconds
+    last_call = time.monotonic() + MIN_REQUESTS_WAIT * seconds
+
+    def more() -> bool:
+        now = time.monotonic()
+        return now < deadline or (tally.requests < min_requests and now < last_call)
     issued = iter(range(max_requests))
     issue_lock = threading.Lock()
 
     def worker(index: int) -> None:
         traffic = Traffic(random.Random(seed * 1000 + index), max_model_len, cuda, synthetic,
                           text)
-        while time.monotonic() < deadline:
+        while more():
             with issue_lock:
                 if next(issued, None) is None:
                     return

@@ -95,15 +95,15 @@ def pair_demo_throughput(modes: dict[str, dict], rounds: int) -> dict:
 
     params = SamplingParams(max_tokens=PAIR_DEMO_MAX_TOKENS, temperature=0.0, ignore_eos=True)
     target, draft = shipped_pair()
-    engines = {}
-    for name, keys in modes.items():  # one at a time: each sizes its KV cache at start-up
-        llm = LLM(**pair_demo_engine_args(target, draft, keys))
-        llm.generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)  # the demo's warm-up
-        engines[name] = llm.llm_engine
-    names = list(engines)
+    engines: dict = {}
+    names = list(modes)
     tok_s: dict[str, list[float]] = {name: [] for name in names}
     tokens: dict[str, list] = {name: [] for name in names}
     try:
+        for name in names:  # one at a time: each sizes its KV cache at start-up
+            llm = LLM(**pair_demo_engine_args(target, draft, modes[name]))
+            engines[name] = llm.llm_engine
+            llm.generate(PAIR_DEMO_PROMPTS, params, use_tqdm=False)  # the demo's warm-up
         for rnd in range(rounds):
             seconds = dict.fromkeys(names, 0.0)
             done: dict[str, dict[str, list[int]]] = {name: {} for name in names}

@@ -77,6 +77,16 @@ def generate(llm: LLM, prompts=PROMPTS, max_tokens: int = 40) -> list[list[int]]
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def generate_with_logprobs(llm: LLM, prompts=PROMPTS, max_tokens: int = 40) -> tuple[list, list]:
+    """Greedy tokens and each one's logprob, per prompt, and the outputs themselves."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    logprobs = [[step[t].logprob for t, step in zip(ids, o.outputs[0].logprobs, strict=True)]
+                for ids, o in zip(tokens, outputs, strict=True)]
+    return tokens, logprobs, outputs
+
+
 def spec_decode_stats(llm: LLM) -> tuple[int, int]:
     """(draft tokens, accepted tokens) from vLLM's own spec-decode counters."""
     metrics = {m.name: m for m in llm.get_metrics()}

@@ -17,8 +17,13 @@ heads: greedy output unchanged.
 from __future__ import annotations
 
 import pytest
-from engine_utils import PROMPTS, engine, record_chunks, spec_decode_stats, target_layers
-from vllm import SamplingParams
+from engine_utils import (
+    engine,
+    generate_with_logprobs,
+    record_chunks,
+    spec_decode_stats,
+    target_layers,
+)
 
 import vllm_nwor
 from tests.support.cache_audit import CacheAudit, read_cpu_attn_tokens, runner_of
@@ -47,14 +52,10 @@ def _run(pair: tuple[str, str], method: str, **keys) -> dict:
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
         audit = CacheAudit(runner_of(llm), target_layers(llm), read_cpu_attn_tokens, block_size)
         chunks = record_chunks(llm)
-        params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=1)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
-                               use_tqdm=False)
+        tokens, logprobs, outputs = generate_with_logprobs(llm)
         return {
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "logprobs": [[step[t].logprob for t, step in
-                          zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
-                         for o in outputs],
+            "tokens": tokens,
+            "logprobs": logprobs,
             "acceptance": [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
                            for o in outputs],
             "chunks": chunks,

@@ -12,8 +12,14 @@ vLLM does.
 from __future__ import annotations
 
 import pytest
-from engine_utils import PROMPTS, engine, runner_of, spec_config, spec_decode_stats, target_layers
-from vllm import SamplingParams
+from engine_utils import (
+    engine,
+    generate_with_logprobs,
+    runner_of,
+    spec_config,
+    spec_decode_stats,
+    target_layers,
+)
 
 import vllm_nwor
 from tests.support.cache_audit import CacheAudit, read_cpu_attn_tokens
@@ -71,14 +77,10 @@ def _run(tiny_models, inject: str | None) -> dict:
         audit = CacheAudit(runner_of(llm), layers, read_cpu_attn_tokens, block_size)
         if inject:
             INJECT[inject][0](vllm_nwor.inspect.interceptor_of(runner_of(llm)), layers)
-        params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=1)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
-                               use_tqdm=False)
+        tokens, logprobs, _ = generate_with_logprobs(llm)
         return {
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "logprobs": [[step[t].logprob for t, step in
-                          zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
-                         for o in outputs],
+            "tokens": tokens,
+            "logprobs": logprobs,
             "stats": spec_decode_stats(llm),
             "counters": vllm_nwor.get_counters(llm),
             "audit": audit,

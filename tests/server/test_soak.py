@@ -22,6 +22,7 @@ from benchmarks import soak
 pytestmark = pytest.mark.engine
 
 SECONDS = 30  # traffic per server; the script's default is 300
+MIN_REQUESTS = 20  # and on until this many ended (a slow, shared CI machine), for at most 8x
 
 
 def test_soak_nwor_then_scv_through_vllm_serve(tmp_path):
@@ -35,7 +36,8 @@ def test_soak_nwor_then_scv_through_vllm_serve(tmp_path):
         server, audit_dir = servers[name]
         try:
             rows[name] = soak.traffic_on(setup, name, server, audit_dir, started,
-                                         seconds=SECONDS, max_requests=10**6, clients=3)
+                                         seconds=SECONDS, max_requests=10**6, clients=3,
+                                         min_requests=MIN_REQUESTS)
         except BaseException as error:  # re-raised below, after both servers stop
             failures[name] = error
 
@@ -60,7 +62,7 @@ def test_soak_nwor_then_scv_through_vllm_serve(tmp_path):
                                        "checks_failed", "error_samples")}
         print(name, summary, row["vllm_stats"], row["scv"] if "scv" in row else "")
         assert row["violations"] == 0 and row["errors"] == 0, (name, summary)
-        assert row["requests"] >= 20 and row["aborted"] > 0, (name, summary)
+        assert row["requests"] >= MIN_REQUESTS and row["aborted"] > 0, (name, summary)
         assert row["rejected"] > 0 and row["vllm_stats"]["accepted"] > 0, (name, row)
         assert row["vllm_stats"]["prefix_cache_hits"] > 0, (name, row)
         assert not row["fallbacks"], (name, row["fallbacks"])
