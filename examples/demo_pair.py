@@ -60,7 +60,6 @@ from vllm_nwor.testing import (  # noqa: E402
     PAIR_DEMO_PROMPTS,
     RequestSteps,
     SpecStepRecorder,
-    geomean_interval,
     pair_demo_engine_args,
     pair_demo_throughput,
     shipped_pair,
@@ -69,7 +68,6 @@ from vllm_nwor.testing import (  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 K = PAIR_DEMO_K
 MAX_TOKENS = PAIR_DEMO_MAX_TOKENS
-TIMED_PASSES = 1
 ROUNDS = 12
 PROMPTS = PAIR_DEMO_PROMPTS
 PINNED_COST = [0.01, 5e-4, 5e-5]
@@ -96,14 +94,14 @@ class ModeRun:
     draft_tokens: int
     accepted: int
     counters: vllm_nwor.NworCounters | None
-    seconds: list[float]
+    seconds: float
     requests: list[RequestSteps]
     lengths_from: str
     """Where the acceptance lengths were read."""
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / statistics.median(self.seconds)
+        return self.tokens / self.seconds
 
 
 def spec_decode_totals(llm: LLM) -> tuple[int, int]:
@@ -119,29 +117,27 @@ def run_mode(name: str, plugin_keys: dict, target: str, draft: str) -> ModeRun:
     try:
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)  # warm-up; the text
         recorder.take()
-        seconds = []
-        for _ in range(TIMED_PASSES):
-            before = spec_decode_totals(llm)
-            start = time.perf_counter()
-            timed = llm.generate(PROMPTS, params, use_tqdm=False)
-            seconds.append(time.perf_counter() - start)
-            requests = recorder.take(timed)
-            after = spec_decode_totals(llm)
-            recorded = (sum(sum(s.chunks) for s in requests),
-                        sum(sum(s.accepted) for s in requests))
-            if recorded != (after[0] - before[0], after[1] - before[1]):
-                raise SystemExit(f"{name}: per-request steps {recorded} do not add up to vLLM's "
-                                 f"spec-decode stats {after} - {before}")
-            # With any plugin feature on, telemetry has vLLM put each request's acceptance
-            # lengths on its CompletionOutput; with the plugin off only the scheduler has them.
-            fields = [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
-                      for o in timed]
-            for lengths, steps in zip(fields, requests, strict=True):
-                if lengths is not None and list(lengths) != steps.accepted:
-                    raise SystemExit(f"{name}: per_step_accepted {lengths} != the scheduler's "
-                                     f"{steps.accepted}")
-            source = ("CompletionOutput.spec_decode_metrics, = the scheduler's counts"
-                      if all(f is not None for f in fields) else "the scheduler's counts")
+        before = spec_decode_totals(llm)
+        start = time.perf_counter()
+        timed = llm.generate(PROMPTS, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        requests = recorder.take(timed)
+        after = spec_decode_totals(llm)
+        recorded = (sum(sum(s.chunks) for s in requests),
+                    sum(sum(s.accepted) for s in requests))
+        if recorded != (after[0] - before[0], after[1] - before[1]):
+            raise SystemExit(f"{name}: per-request steps {recorded} do not add up to vLLM's "
+                             f"spec-decode stats {after} - {before}")
+        # With any plugin feature on, telemetry has vLLM put each request's acceptance
+        # lengths on its CompletionOutput; with the plugin off only the scheduler has them.
+        fields = [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
+                  for o in timed]
+        for lengths, steps in zip(fields, requests, strict=True):
+            if lengths is not None and list(lengths) != steps.accepted:
+                raise SystemExit(f"{name}: per_step_accepted {lengths} != the scheduler's "
+                                 f"{steps.accepted}")
+        source = ("CompletionOutput.spec_decode_metrics, = the scheduler's counts"
+                  if all(f is not None for f in fields) else "the scheduler's counts")
         draft_tokens, accepted = spec_decode_totals(llm)
         counters = vllm_nwor.get_counters(llm)
     finally:
@@ -229,12 +225,10 @@ def print_throughput() -> None:
     run = pair_demo_throughput(modes, ROUNDS)
     if not run["greedy_tokens_equal"]:
         raise SystemExit("demo check failed: greedy tokens differ between the timed engines")
-    tok_s = run["tok_s"]
     print(f"\nThroughput, three engines taking turns step by step ({ROUNDS} rounds), each over "
           "off: the geometric mean\nover the rounds and its 95% interval. 'off again' is vLLM "
           "alone once more (the A/A control).")
-    for name in list(modes)[1:]:
-        ratio = geomean_interval([a / b for a, b in zip(tok_s[name], tok_s["off"], strict=True)])
+    for name, ratio in run["over_first"].items():  # over "off"
         low, high = ratio["interval_95"]
         print(f"  {name:10s} {ratio['geomean']:.3f}x  ({low:.3f}-{high:.3f})")
 

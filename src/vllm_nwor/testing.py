@@ -88,8 +88,10 @@ def pair_demo_throughput(modes: dict[str, dict], rounds: int) -> dict:
     engine step each, until all are done, timing each engine's own steps; the order turns round
     by round. Taking turns step by step puts every engine in the same seconds of the host, so a
     slow spell (another tenant on a shared machine) slows them alike, and a ratio of two modes'
-    throughput in one round is a fair one. Returns ``tok_s`` (per mode, one per round) and
-    whether every engine's greedy tokens were the same in every round."""
+    throughput in one round is a fair one. Returns ``tok_s`` (per mode, one per round),
+    ``over_first`` (each other mode's throughput over the first mode's, round by round:
+    :func:`geomean_interval`) and whether every engine's greedy tokens were the same in every
+    round."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # every engine core in this process
     from vllm import LLM, SamplingParams
 
@@ -129,8 +131,11 @@ def pair_demo_throughput(modes: dict[str, dict], rounds: int) -> dict:
     finally:
         for engine in engines.values():
             engine.engine_core.shutdown()
-    first = tokens[names[0]][0]
+    base, first = tok_s[names[0]], tokens[names[0]][0]
     return {"tok_s": tok_s,
+            "over_first": {name: geomean_interval([a / b for a, b in zip(tok_s[name], base,
+                                                                        strict=True)])
+                           for name in names[1:]},
             "greedy_tokens_equal": all(t == first for ts in tokens.values() for t in ts)}
 
 

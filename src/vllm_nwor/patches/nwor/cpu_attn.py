@@ -110,7 +110,8 @@ class CpuScratch:
         self._metadata: Any = None  # it, with the scratch table as its block table
         empty = torch.empty(0, dtype=torch.int64)
         self._rows = self.write_slots = empty
-        self._kept: tuple[list[int], list[int], list[int]] = ([], [], [])  # slot, req, column
+        # each kept row's own slot, request and verdict column (0: not a draft)
+        self._kept_at: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     def ops(self) -> tuple[StageFn, CommitFn, WriteBackFn]:
         return self.stage, self.commit, self.write_back
@@ -159,7 +160,7 @@ class CpuScratch:
             self.caches.select(1, scratch).copy_(self.caches.select(1, block))
         self._rows = _index(rows)
         self.write_slots = torch.from_numpy(write_slots)
-        self._kept = (kept_slots, kept_req, kept_draft)
+        self._kept_at = (kept_slots, kept_req, kept_draft)
         self._metadata = copy.copy(md)  # as vLLM's update_block_table does
         self._metadata.block_table = torch.from_numpy(table)
         self._for = md
@@ -190,7 +191,7 @@ class CpuScratch:
         """The kept rows of ``layers`` to their own slots with vLLM's write: those the verdict
         accepted (then counted into ``verdict.committed``), or all of them. The verdict is
         read on the host, as :meth:`Verdict.keep_rows` and :meth:`Verdict.count` define it."""
-        kept_slots, kept_req, kept_draft = self._kept
+        kept_slots, kept_req, kept_draft = self._kept_at
         if verdict is not None:
             sampled = verdict.sampled_token_ids.tolist()
             kept_slots = [-1 if draft and sampled[req][draft] == PLACEHOLDER_TOKEN_ID else slot
