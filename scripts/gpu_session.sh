@@ -24,16 +24,16 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (vLLM 0.32): the single-GPU equivalence matrix (the 8B pressure rows first), NWOR's
-# host time per step beside its overhead with EAGLE-3 (the 2% it cost at 7f2c08b), the soak;
-# then the TP 2 cases on two GPUs. The GPU tests (an engine pair a case, over an hour) last.
+# The plan (vLLM 0.32): NWOR's KV traffic under ncu (the KV kernels, then whole steps), the 8B
+# pressure rows of the equivalence matrix, the soak, the single-GPU matrix; then the TP 2 cases
+# on two GPUs. The GPU tests (an engine pair a case, over an hour) last.
 stream0() {
+  step kv_traffic nwor_kv_traffic --pass kv
+  step kv_traffic_step nwor_kv_traffic --pass step
   step eq_pressure equivalence --models /tmp/m0 --cases \
     pressure_8b_ngram_in_process,aa_pressure_8b_ngram_in_process,neg_pressure_8b_ngram_in_process
-  step overhead_e3_host nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 2 \
-    --aa --time-nwor-host
-  step eq_1gpu equivalence --models /tmp/m0
   step soak soak --seconds 120
+  step eq_1gpu equivalence --models /tmp/m0
   step gpu_tests tests
 }
 after() {

@@ -3,6 +3,7 @@
 # this project next to vLLM in /tmp/site032 (NWOR_SITE), then
 #   scripts/gpu_suite.sh tests [PATHS]         the GPU tests (PATHS, or tests/gpu), log + junit in $OUT
 #   scripts/gpu_suite.sh nwor_overhead ARGS    -m benchmarks.nwor_overhead, $OUT/nwor_overhead.jsonl
+#   scripts/gpu_suite.sh nwor_kv_traffic ARGS  -m benchmarks.nwor_kv_traffic (under ncu), $OUT/<name>.jsonl
 #   scripts/gpu_suite.sh scv_bench ARGS        -m benchmarks.scv_bench, $OUT/scv_bench.jsonl
 #   scripts/gpu_suite.sh draft_window_bench ARGS   -m benchmarks.draft_window_bench
 #   scripts/gpu_suite.sh capacity ARGS        -m benchmarks.capacity, $OUT/capacity.jsonl
@@ -56,11 +57,11 @@ case "$what" in
   soak)
     python3 -m benchmarks.soak --out "$out/$name.json" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG|WARNING|\[)" ;;
-  nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
+  nwor_overhead|nwor_kv_traffic|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise)
     module="benchmarks.$what"
     [ -e "benchmarks/$what.py" ] || module="benchmarks.tools.$what"  # the diagnostics
     python3 -m "$module" --jsonl "$out/$name.jsonl" "$@" 2>&1 \
       | tee "$out/$name.log" | grep -vE "^(INFO|DEBUG) " ;;
   *)
-    echo "usage: $0 install|tests|equivalence|soak|nwor_overhead|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
+    echo "usage: $0 install|tests|equivalence|soak|nwor_overhead|nwor_kv_traffic|scv_bench|draft_window_bench|capacity|scv_step_profile|nwor_layer_host|nwor_layer_gpu|nwor_step_host|host_noise [args]" >&2; exit 2 ;;
 esac

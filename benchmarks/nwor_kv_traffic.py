@@ -1,0 +1,327 @@
+"""NWOR's KV-cache traffic on the GPU, read from the hardware's counters with Nsight Compute.
+
+The target is Llama-3-8B-shaped (32 layers, dummy bf16 weights) with a one-layer EAGLE-3 head on
+vLLM's V2 model runner, FULL CUDA graphs as vLLM serves them, k drafts. Acceptance is vLLM's
+synthetic rejection sampling at per-position rates ``a, a**2, ..., a**k`` whose mean, the
+acceptance rate (accepted drafts over drafts), is each ``--acceptance``. For each acceptance and
+side (NWOR off, NWOR on) one engine runs in its own process under ``ncu``; for each batch size
+it fills the batch with requests, steps past their prefill, and opens a window of steps to the
+profiler (``cudaProfilerStart``/``Stop``; a ``spin_kernel`` launch marks each window's start).
+Two passes, each an engine per (acceptance, side):
+
+- ``kv``: only the KV-cache kernels are profiled: vLLM's ``reshape_and_cache_flash`` (the
+  target's 32 layers and the head's one), NWOR's plan (``_plan_scratch_kernel``, which also
+  copies the committed tokens that share a request's first scratch block) and commit
+  (``_commit_kv_kernel``), each kernel node inside the graphs on its own, with the caches
+  flushed before it (ncu's default). So a kernel's L2 write sectors are the bytes it wrote, its
+  L2 read sectors the bytes it read, and its DRAM bytes what reached memory while it ran (its
+  dirty lines are written back later, to no kernel's account: DRAM writes undercount).
+- ``step``: every launch of the window is profiled, each CUDA graph as one workload, without
+  flushes: the window's sums are the steps' traffic as served, DRAM write-backs counted in the
+  launch that evicts them.
+
+Per (acceptance, side, batch) the record holds the window's steps, generated tokens, drafts and
+accepted drafts (vLLM's counters, read around the window), and per kernel family the launches,
+GPU time and bytes (L2 read/write, DRAM read/write). ``kv_bytes_written_per_token`` is the KV
+kernels' L2 write bytes over the tokens the window generated.
+
+    python -m benchmarks.nwor_kv_traffic --pass kv --jsonl $OUT/kv.jsonl      # GPU machine
+    python -m benchmarks.nwor_kv_traffic --pass step --jsonl $OUT/step.jsonl
+    python -m benchmarks.nwor_kv_traffic --merge $OUT/kv.jsonl --result <json>  # here
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.harness.engines import (
+    LLAMA3_8B,
+    PROMPT_LEN,
+    prompts,
+    rate_for_length,
+    write_eagle3_head,
+    write_models,
+)
+from benchmarks.harness.results import (
+    append_jsonl,
+    parse_or_merge,
+    recorded_environment,
+    write_json,
+)
+
+METRICS = {  # ncu metric -> (field, bytes per unit)
+    "gpu__time_duration.sum": ("ns", 1),
+    "lts__t_sectors_op_read.sum": ("l2_read_bytes", 32),
+    "lts__t_sectors_op_write.sum": ("l2_write_bytes", 32),
+    "dram__bytes_read.sum": ("dram_read_bytes", 1),
+    "dram__bytes_write.sum": ("dram_write_bytes", 1),
+}
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: a window's first launch
+FAMILIES = (  # kernel name pattern -> family
+    (r"reshape_and_cache", "vllm_kv_write"),
+    (r"_plan_scratch", "nwor_plan"),
+    (r"_commit_kv", "nwor_commit"),
+)
+KV_FAMILIES = {family for _, family in FAMILIES}
+KV_KERNELS = "|".join(pattern for pattern, _ in FAMILIES) + "|" + MARKER
+PASSES = {
+    "kv": ["--graph-profiling", "node", "--cache-control", "all",
+           "--kernel-name", f"regex:{KV_KERNELS}"],
+    "step": ["--graph-profiling", "graph", "--cache-control", "none"],
+}
+KV_BYTES_PER_TOKEN_TARGET = (LLAMA3_8B["num_hidden_layers"] * 2 * LLAMA3_8B["num_key_value_heads"]
+                             * LLAMA3_8B["head_dim"] * 2)
+"""K and V of one token in all the target's layers, bf16: what vLLM's write stores per row."""
+
+
+def family(name: str) -> str:
+    for pattern, label in FAMILIES:
+        if re.search(pattern, name):
+            return label
+    return "other"
+
+
+def rates(acceptance: float, k: int) -> list[float]:
+    """Per-position unconditional acceptance rates ``a**j`` whose mean is ``acceptance``."""
+    a = rate_for_length(1 + acceptance * k, k)
+    return [round(a**j, 6) for j in range(1, k + 1)]
+
+
+def engine_kwargs(target: str, head: str, k: int, acceptance: float, nwor: bool,
+                  batches: list[int], output_len: int) -> dict:
+    speculative = {"method": "eagle3", "model": head, "num_speculative_tokens": k,
+                   "rejection_sample_method": "synthetic",
+                   "synthetic_acceptance_rates": rates(acceptance, k)}
+    if nwor:
+        speculative["nwor"] = True
+    return dict(
+        model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+        max_model_len=PROMPT_LEN + output_len + 64, max_num_seqs=max(batches),
+        gpu_memory_utilization=0.35, seed=0, disable_log_stats=False,
+        enable_prefix_caching=False, speculative_config=speculative,
+        # Only the sizes the windows run are captured, the verify steps' and the head's (vLLM's
+        # default captures them among ~70 others): start-up under ncu, which intercepts every
+        # capture, stays short.
+        compilation_config={"cudagraph_capture_sizes": sorted(
+            {b * (k + 1) for b in batches} | set(batches))},
+    )
+
+
+def child(config: dict) -> None:
+    """One engine under ncu: per batch, a window of ``steps`` steps open to the profiler."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the kernels launch in this process
+    import torch
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**config["kwargs"])
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=config["output_len"], temperature=0.0, ignore_eos=True)
+
+    def counters() -> dict:
+        metrics = {m.name: m for m in llm.get_metrics()}
+        return {"drafted": metrics["vllm:spec_decode_num_draft_tokens"].value,
+                "accepted": metrics["vllm:spec_decode_num_accepted_tokens"].value}
+
+    windows = []
+    for batch in config["batches"]:
+        ids = [f"b{batch}-{i}" for i in range(batch)]
+        for rid, prompt in zip(ids, prompts(batch, seed=batch), strict=True):
+            engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+        generated: dict[str, int] = {}
+
+        def step(generated: dict[str, int] = generated) -> None:
+            for output in engine.step():
+                generated[output.request_id] = len(output.outputs[0].token_ids)
+
+        while len(generated) < batch or min(generated.values()) < 2:  # past every prefill
+            step()
+        for _ in range(config["warm_steps"]):
+            step()
+        torch.cuda.synchronize()
+        before, tokens_before = counters(), sum(generated.values())
+        torch.cuda.profiler.start()
+        torch.cuda._sleep(1000)
+        for _ in range(config["steps"]):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        after = counters()
+        windows.append({"batch": batch, "steps": config["steps"],
+                        "tokens": sum(generated.values()) - tokens_before,
+                        "drafted": after["drafted"] - before["drafted"],
+                        "accepted": after["accepted"] - before["accepted"],
+                        "min_generated": min(generated.values())})
+        engine.abort_request(ids)
+        while engine.has_unfinished_requests():
+            engine.step()
+    Path(config["out"]).write_text(json.dumps(windows))
+
+
+def ncu_binary() -> str:
+    found = shutil.which("ncu") or sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))[-1:]
+    if not found:
+        raise SystemExit("ncu (Nsight Compute) is not on this machine")
+    return found if isinstance(found, str) else found[0]
+
+
+def read_report(ncu: str, report: Path) -> list[dict]:
+    """The report's launches in order: name and the METRICS' values in base units."""
+    text = subprocess.run(
+        [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-units", "base",
+         "--metrics", ",".join(METRICS)],
+        capture_output=True, text=True, check=True).stdout
+    rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):])))
+    header, body = rows[0], rows[2:]  # the second row holds the units
+    name = header.index("Kernel Name")
+    launches = []
+    for row in body:
+        if len(row) != len(header):
+            continue
+        launch = {"name": row[name]}
+        for metric, (field, scale) in METRICS.items():
+            value = row[header.index(metric)].replace(",", "")
+            launch[field] = float(value) * scale if value not in ("", "n/a") else None
+        launches.append(launch)
+    return launches
+
+
+def summarize(launches: list[dict]) -> dict:
+    """Per family: launches, and the sum of each field (None where ncu gave no value)."""
+    families: dict[str, dict] = {}
+    for launch in launches:
+        entry = families.setdefault(family(launch["name"]), {"launches": 0})
+        entry["launches"] += 1
+        for field, _ in METRICS.values():
+            if launch[field] is not None:
+                entry[field] = entry.get(field, 0) + launch[field]
+    return families
+
+
+def split_windows(launches: list[dict], count: int) -> list[list[dict]]:
+    """The launches of each window, each starting at its marker."""
+    starts = [i for i, launch in enumerate(launches) if MARKER in launch["name"]]
+    if len(starts) != count:
+        raise RuntimeError(f"{len(starts)} window markers in the report, {count} windows run")
+    return [launches[s + 1:e] for s, e in zip(starts, starts[1:] + [len(launches)], strict=True)]
+
+
+def cell(window: dict, launches: list[dict], pass_: str) -> dict:
+    families = summarize(launches)
+    cell = {**window, "families": families}
+    tokens = window["tokens"]
+    if window["drafted"]:
+        cell["acceptance_measured"] = round(window["accepted"] / window["drafted"], 4)
+    if pass_ == "kv" and tokens:
+        written = sum(f.get("l2_write_bytes", 0) for n, f in families.items() if n in KV_FAMILIES)
+        cell["kv_bytes_written_per_token"] = round(written / tokens)
+        cell["kv_kernels_ns_per_step"] = round(sum(
+            f.get("ns", 0) for n, f in families.items() if n in KV_FAMILIES) / window["steps"])
+    if pass_ == "step":
+        total = {field: sum(f.get(field, 0) for f in families.values())
+                 for field, _ in METRICS.values()}
+        cell["per_step"] = {field: round(value / window["steps"]) for field, value in total.items()}
+        if tokens:
+            cell["per_token"] = {field: round(value / tokens)
+                                 for field, value in total.items() if field != "ns"}
+    return cell
+
+
+def run(args) -> None:
+    ncu = ncu_binary()
+    root = Path(tempfile.mkdtemp(prefix="nwor_kv_traffic_"))
+    target, _ = write_models(root)
+    head = write_eagle3_head(root)
+    steps = args.steps or (8 if args.pass_ == "kv" else 4)
+    for acceptance in args.acceptance:
+        for nwor in (False, True):
+            side = "on" if nwor else "off"
+            config = {"kwargs": engine_kwargs(target, head, args.k, acceptance, nwor,
+                                              args.batches, args.output_len),
+                      "batches": args.batches, "steps": steps, "warm_steps": args.warm_steps,
+                      "output_len": args.output_len,
+                      "out": str(root / f"windows-{acceptance}-{side}.json")}
+            report = root / f"{args.pass_}-{acceptance}-{side}"
+            command = [ncu, "--clock-control", "none", "--profile-from-start", "off",
+                       "--target-processes", "all", "--metrics", ",".join(METRICS),
+                       *PASSES[args.pass_], "-f", "-o", str(report),
+                       sys.executable, "-m", "benchmarks.nwor_kv_traffic",
+                       "--child", json.dumps(config)]
+            print(f"=== {args.pass_} acceptance {acceptance} nwor {side}", flush=True)
+            subprocess.run(command, check=True)
+            windows = json.loads(Path(config["out"]).read_text())
+            launches = read_report(ncu, report.with_suffix(".ncu-rep"))
+            for window, part in zip(windows, split_windows(launches, len(windows)), strict=True):
+                record = {"pass": args.pass_, "acceptance": acceptance, "side": side,
+                          "k": args.k, **cell(window, part, args.pass_)}
+                print(json.dumps(record), flush=True)
+                append_jsonl(args.jsonl, record)
+            if args.keep_reports:
+                shutil.copy(report.with_suffix(".ncu-rep"), args.keep_reports)
+
+
+def merge(jsonl: Path, result: Path) -> None:
+    cells = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    for path in jsonl.parent.glob("*.jsonl"):  # the other pass's records, if beside it
+        if path != jsonl and path.name.startswith(("kv", "step", "nwor_kv_traffic")):
+            cells += [json.loads(line) for line in path.read_text().splitlines() if line]
+    on_over_off = []
+    for c in cells:
+        if c["side"] != "on":
+            continue
+        off = next((o for o in cells if o["side"] == "off" and o["pass"] == c["pass"]
+                    and o["batch"] == c["batch"] and o["acceptance"] == c["acceptance"]), None)
+        if off is None:
+            continue
+        row = {"pass": c["pass"], "batch": c["batch"], "acceptance": c["acceptance"]}
+        if c["pass"] == "kv":
+            row["kv_bytes_written_per_token"] = {"off": off.get("kv_bytes_written_per_token"),
+                                                 "on": c.get("kv_bytes_written_per_token")}
+            row["kv_kernels_ns_per_step"] = {"off": off.get("kv_kernels_ns_per_step"),
+                                             "on": c.get("kv_kernels_ns_per_step")}
+        else:
+            row["per_step"] = {"off": off.get("per_step"), "on": c.get("per_step")}
+        on_over_off.append(row)
+    write_json(result, {
+        **recorded_environment(jsonl), "benchmark": "nwor_kv_traffic",
+        "workload": {"model": "Llama-3-8B shape (32 layers), dummy weights, bf16",
+                     "draft": "one-layer EAGLE-3 head, dummy weights, vLLM's V2 model runner",
+                     "acceptance": "vLLM synthetic rejection sampling, rates a, a^2, ..., a^k "
+                                   "with mean = the cell's acceptance",
+                     "prompt_len": PROMPT_LEN,
+                     "target_kv_bytes_per_row": KV_BYTES_PER_TOKEN_TARGET,
+                     "ncu": {"metrics": list(METRICS), "passes": PASSES,
+                             "clock_control": "none"}},
+        "summary": on_over_off, "cells": cells})
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(json.loads(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pass", dest="pass_", choices=sorted(PASSES), default="kv")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--acceptance", type=float, nargs="+", default=[0.3, 0.7])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--steps", type=int, help="steps a window (8 for kv, 4 for step)")
+    parser.add_argument("--warm-steps", type=int, default=6)
+    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--keep-reports", type=Path, help="copy the ncu reports here")
+    args = parse_or_merge(parser, merge)
+    if args is not None:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
