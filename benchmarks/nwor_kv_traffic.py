@@ -62,8 +62,10 @@ from benchmarks.harness.results import (
 
 METRICS = {  # ncu metric -> (field, bytes per unit)
     "gpu__time_duration.sum": ("ns", 1),
-    "lts__t_sectors_op_read.sum": ("l2_read_bytes", 32),
-    "lts__t_sectors_op_write.sum": ("l2_write_bytes", 32),
+    "lts__t_sectors_srcunit_tex_op_read.sum": ("l2_read_bytes", 32),
+    "lts__t_sectors_srcunit_tex_op_write.sum": ("l2_write_bytes", 32),
+    "lts__t_sectors_op_read.sum": ("l2_all_read_bytes", 32),
+    "lts__t_sectors_op_write.sum": ("l2_all_write_bytes", 32),
     "dram__bytes_read.sum": ("dram_read_bytes", 1),
     "dram__bytes_write.sum": ("dram_write_bytes", 1),
 }
@@ -251,23 +253,23 @@ def run(args) -> None:
                       "batches": args.batches, "steps": steps, "warm_steps": args.warm_steps,
                       "output_len": args.output_len,
                       "out": str(root / f"windows-{acceptance}-{side}.json")}
-            report = root / f"{args.pass_}-{acceptance}-{side}"
+            report = root / f"{args.pass_}-{acceptance}-{side}.ncu-rep"
             command = [ncu, "--clock-control", "none", "--profile-from-start", "off",
                        "--target-processes", "all", "--metrics", ",".join(METRICS),
-                       *PASSES[args.pass_], "-f", "-o", str(report),
+                       *PASSES[args.pass_], "-f", "-o", str(report.with_suffix("")),
                        sys.executable, "-m", "benchmarks.nwor_kv_traffic",
                        "--child", json.dumps(config)]
             print(f"=== {args.pass_} acceptance {acceptance} nwor {side}", flush=True)
             subprocess.run(command, check=True)
             windows = json.loads(Path(config["out"]).read_text())
-            launches = read_report(ncu, report.with_suffix(".ncu-rep"))
+            launches = read_report(ncu, report)
             for window, part in zip(windows, split_windows(launches, len(windows)), strict=True):
                 record = {"pass": args.pass_, "acceptance": acceptance, "side": side,
                           "k": args.k, **cell(window, part, args.pass_)}
                 print(json.dumps(record), flush=True)
                 append_jsonl(args.jsonl, record)
             if args.keep_reports:
-                shutil.copy(report.with_suffix(".ncu-rep"), args.keep_reports)
+                shutil.copy(report, args.keep_reports)
 
 
 def merge(jsonl: Path, result: Path) -> None:

@@ -28,8 +28,8 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 # pressure rows of the equivalence matrix, the soak, the single-GPU matrix; then the TP 2 cases
 # on two GPUs. The GPU tests (an engine pair a case, over an hour) last.
 stream0() {
-  step kv_traffic nwor_kv_traffic --pass kv
-  step kv_traffic_step nwor_kv_traffic --pass step
+  step kv_traffic nwor_kv_traffic --pass kv --keep-reports /tmp/out
+  step kv_traffic_step nwor_kv_traffic --pass step --keep-reports /tmp/out
   step eq_pressure equivalence --models /tmp/m0 --cases \
     pressure_8b_ngram_in_process,aa_pressure_8b_ngram_in_process,neg_pressure_8b_ngram_in_process
   step soak soak --seconds 120
