@@ -13,12 +13,15 @@ Two passes, each an engine per (acceptance, side):
   target's 32 layers and the head's one), NWOR's plan (``_plan_scratch_kernel``, which also
   copies the committed tokens that share a request's first scratch block) and commit
   (``_commit_kv_kernel``), each kernel node inside the graphs on its own, with the caches
-  flushed before it (ncu's default). So a kernel's L2 write sectors are the bytes it wrote, its
-  L2 read sectors the bytes it read, and its DRAM bytes what reached memory while it ran (its
-  dirty lines are written back later, to no kernel's account: DRAM writes undercount).
+  flushed before it (ncu's default). A kernel's L2 sectors requested by the SMs
+  (``srcunit_tex``) are the bytes it wrote and read; all of L2's requests (``l2_all_*``) also
+  count the traffic between L2's two halves, so they read high. Its DRAM bytes are what reached
+  memory while it ran: its dirty lines are written back later, to no kernel's account, so DRAM
+  writes undercount.
 - ``step``: every launch of the window is profiled, each CUDA graph as one workload, without
   flushes: the window's sums are the steps' traffic as served, DRAM write-backs counted in the
-  launch that evicts them.
+  launch that evicts them. Its times are of launches run one at a time under ncu, not a
+  served step's time (``benchmarks/nwor_overhead.py`` measures that).
 
 Per (acceptance, side, batch) the record holds the window's steps, generated tokens, drafts and
 accepted drafts (vLLM's counters, read around the window), and per kernel family the launches,
@@ -272,39 +275,67 @@ def run(args) -> None:
                 shutil.copy(report, args.keep_reports)
 
 
+def ratio(on, off):
+    return round(on / off, 3) if on is not None and off else None
+
+
+def kv_sum(cell: dict, field: str) -> int:
+    """A kv cell's KV kernels' ``field`` per step."""
+    total = sum(f.get(field, 0) for n, f in cell["families"].items() if n in KV_FAMILIES)
+    return round(total / cell["steps"])
+
+
+def summary(cells: list[dict]) -> list[dict]:
+    """Per (acceptance, batch): NWOR on against off, from both passes where present."""
+    rows = []
+    for acceptance, batch in sorted({(c["acceptance"], c["batch"]) for c in cells}):
+        row = {"acceptance": acceptance, "batch": batch}
+        for pass_ in ("kv", "step"):
+            side = {c["side"]: c for c in cells if c["pass"] == pass_
+                    and (c["acceptance"], c["batch"]) == (acceptance, batch)}
+            if set(side) != {"off", "on"}:
+                continue
+            off, on = side["off"], side["on"]
+            if pass_ == "kv":
+                row["kv_kernels_per_step"] = {
+                    field: {"off": kv_sum(off, field), "on": kv_sum(on, field),
+                            "on_over_off": ratio(kv_sum(on, field), kv_sum(off, field))}
+                    for field in ("l2_write_bytes", "dram_write_bytes", "l2_read_bytes", "ns")}
+                written = {"off": off.get("kv_bytes_written_per_token"),
+                           "on": on.get("kv_bytes_written_per_token")}
+                written["on_over_off"] = ratio(written["on"], written["off"])
+                row["kv_bytes_written_per_token"] = written
+                row["on_families_per_step"] = {
+                    name: {field: round(value / on["steps"]) for field, value in family.items()
+                           if field != "launches"}
+                    for name, family in on["families"].items()}
+            else:
+                row["step"] = {field: {"off": off["per_step"][field], "on": on["per_step"][field],
+                                       "on_over_off": ratio(on["per_step"][field],
+                                                            off["per_step"][field])}
+                               for field in ("l2_write_bytes", "dram_write_bytes",
+                                             "l2_read_bytes", "dram_read_bytes", "ns")}
+            row[f"acceptance_measured_{pass_}"] = on.get("acceptance_measured")
+        rows.append(row)
+    return rows
+
+
 def merge(jsonl: Path, result: Path) -> None:
-    cells = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    for path in jsonl.parent.glob("*.jsonl"):  # the other pass's records, if beside it
-        if path != jsonl and path.name.startswith(("kv", "step", "nwor_kv_traffic")):
-            cells += [json.loads(line) for line in path.read_text().splitlines() if line]
-    on_over_off = []
-    for c in cells:
-        if c["side"] != "on":
-            continue
-        off = next((o for o in cells if o["side"] == "off" and o["pass"] == c["pass"]
-                    and o["batch"] == c["batch"] and o["acceptance"] == c["acceptance"]), None)
-        if off is None:
-            continue
-        row = {"pass": c["pass"], "batch": c["batch"], "acceptance": c["acceptance"]}
-        if c["pass"] == "kv":
-            row["kv_bytes_written_per_token"] = {"off": off.get("kv_bytes_written_per_token"),
-                                                 "on": c.get("kv_bytes_written_per_token")}
-            row["kv_kernels_ns_per_step"] = {"off": off.get("kv_kernels_ns_per_step"),
-                                             "on": c.get("kv_kernels_ns_per_step")}
-        else:
-            row["per_step"] = {"off": off.get("per_step"), "on": c.get("per_step")}
-        on_over_off.append(row)
+    """Every ``*.jsonl`` beside ``jsonl`` that holds this benchmark's records (both passes)."""
+    cells = []
+    for path in sorted(jsonl.parent.glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        cells += [r for r in records if r.get("pass") in PASSES]
     write_json(result, {
         **recorded_environment(jsonl), "benchmark": "nwor_kv_traffic",
         "workload": {"model": "Llama-3-8B shape (32 layers), dummy weights, bf16",
                      "draft": "one-layer EAGLE-3 head, dummy weights, vLLM's V2 model runner",
-                     "acceptance": "vLLM synthetic rejection sampling, rates a, a^2, ..., a^k "
-                                   "with mean = the cell's acceptance",
+                     "acceptance": "vLLM synthetic rejection sampling, per-position rates a, "
+                                   "a^2, ..., a^k whose mean is the cell's acceptance",
                      "prompt_len": PROMPT_LEN,
                      "target_kv_bytes_per_row": KV_BYTES_PER_TOKEN_TARGET,
-                     "ncu": {"metrics": list(METRICS), "passes": PASSES,
-                             "clock_control": "none"}},
-        "summary": on_over_off, "cells": cells})
+                     "ncu": {"metrics": METRICS, "passes": PASSES, "clock_control": "none"}},
+        "summary": summary(cells), "cells": cells})
 
 
 def main() -> None:
