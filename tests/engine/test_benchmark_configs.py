@@ -46,6 +46,9 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     cases += [(f"nwor_overhead:{m}:own_length:{nwor}", overhead.engine_kwargs(
         "t", "d", m, 4, nwor, 8, length=2.5))  # on vLLM's V2 runner (a GPU)
         for m in ("draft_model", "ngram") for nwor in (False, True)]
+    traffic = importlib.import_module("benchmarks.nwor_kv_traffic")
+    cases += [(f"nwor_kv_traffic:{nwor}", traffic.engine_kwargs(
+        "t", "d", 4, 0.3, nwor, [1, 32, 128], 512)) for nwor in (False, True)]
     cases += [(f"draft_window_bench:{w}", window.engine_kwargs("t", "d", w, 4, 8))
               for w in (None, 256)]
     profile = importlib.import_module("benchmarks.tools.scv_step_profile")
