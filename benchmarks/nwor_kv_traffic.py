@@ -7,7 +7,7 @@ acceptance rate (accepted drafts over drafts), is each ``--acceptance``. For eac
 side (NWOR off, NWOR on) one engine runs in its own process under ``ncu``; for each batch size
 it fills the batch with requests, steps past their prefill, and opens a window of steps to the
 profiler (``cudaProfilerStart``/``Stop``; a ``spin_kernel`` launch marks each window's start).
-Two passes, each an engine per (acceptance, side):
+Three passes, each an engine per (acceptance, side):
 
 - ``kv``: only the KV-cache kernels are profiled: vLLM's ``reshape_and_cache_flash`` (the
   target's 32 layers and the head's one), NWOR's plan (``_plan_scratch_kernel``, which also
@@ -22,6 +22,9 @@ Two passes, each an engine per (acceptance, side):
   flushes: the window's sums are the steps' traffic as served, DRAM write-backs counted in the
   launch that evicts them. Its times are of launches run one at a time under ncu, not a
   served step's time (``benchmarks/nwor_overhead.py`` measures that).
+- ``nodes``: every kernel of the window on its own, graph nodes included, without flushes,
+  summed per kernel name: where a step's GPU time goes, and which kernels NWOR adds or slows
+  (``kernels_differing_most`` in the summary).
 
 Per (acceptance, side, batch) the record holds the window's steps, generated tokens, drafts and
 accepted drafts (vLLM's counters, read around the window), and per kernel family the launches,
@@ -84,7 +87,10 @@ PASSES = {
     "kv": ["--graph-profiling", "node", "--cache-control", "all",
            "--kernel-name", f"regex:{KV_KERNELS}"],
     "step": ["--graph-profiling", "graph", "--cache-control", "none"],
+    "nodes": ["--graph-profiling", "node", "--cache-control", "none"],
 }
+STEPS = {"kv": 8, "step": 4, "nodes": 2}
+"""Steps a window, per pass (``--steps``)."""
 KV_BYTES_PER_TOKEN_TARGET = (LLAMA3_8B["num_hidden_layers"] * 2 * LLAMA3_8B["num_key_value_heads"]
                              * LLAMA3_8B["head_dim"] * 2)
 """K and V of one token in all the target's layers, bf16: what vLLM's write stores per row."""
@@ -201,11 +207,18 @@ def read_report(ncu: str, report: Path) -> list[dict]:
     return launches
 
 
-def summarize(launches: list[dict]) -> dict:
-    """Per family: launches, and the sum of each field (None where ncu gave no value)."""
+def kernel_name(name: str) -> str:
+    """A launch's kernel without namespaces, template arguments and parameters."""
+    base = re.sub(r"<.*", "", name.replace("<unnamed>", "anonymous")).split("(")[0]
+    return base.replace("void ", "").split("::")[-1].strip()
+
+
+def summarize(launches: list[dict], key=family) -> dict:
+    """Per ``key`` (the kernel family): launches, and the sum of each field (None where ncu
+    gave no value)."""
     families: dict[str, dict] = {}
     for launch in launches:
-        entry = families.setdefault(family(launch["name"]), {"launches": 0})
+        entry = families.setdefault(key(launch["name"]), {"launches": 0})
         entry["launches"] += 1
         for field, _ in METRICS.values():
             if launch[field] is not None:
@@ -232,7 +245,9 @@ def cell(window: dict, launches: list[dict], pass_: str) -> dict:
         cell["kv_bytes_written_per_token"] = round(written / tokens)
         cell["kv_kernels_ns_per_step"] = round(sum(
             f.get("ns", 0) for n, f in families.items() if n in KV_FAMILIES) / window["steps"])
-    if pass_ == "step":
+    if pass_ == "nodes":
+        cell["kernels"] = summarize(launches, key=kernel_name)
+    if pass_ in ("step", "nodes"):
         total = {field: sum(f.get(field, 0) for f in families.values())
                  for field, _ in METRICS.values()}
         cell["per_step"] = {field: round(value / window["steps"]) for field, value in total.items()}
@@ -247,7 +262,7 @@ def run(args) -> None:
     root = Path(tempfile.mkdtemp(prefix="nwor_kv_traffic_"))
     target, _ = write_models(root)
     head = write_eagle3_head(root)
-    steps = args.steps or (8 if args.pass_ == "kv" else 4)
+    steps = args.steps or STEPS[args.pass_]
     for acceptance in args.acceptance:
         for nwor in (False, True):
             side = "on" if nwor else "off"
@@ -285,12 +300,28 @@ def kv_sum(cell: dict, field: str) -> int:
     return round(total / cell["steps"])
 
 
+def nodes_difference(off: dict, on: dict, top: int = 12) -> dict:
+    """GPU time a step, off and on, and the kernels whose time a step differs most."""
+    def per_step(cell, name):
+        kernel = cell["kernels"].get(name, {})
+        return {"launches": round(kernel.get("launches", 0) / cell["steps"], 2),
+                "ns": round(kernel.get("ns", 0) / cell["steps"])}
+
+    names = set(off["kernels"]) | set(on["kernels"])
+    rows = sorted(({"kernel": name, "off": per_step(off, name), "on": per_step(on, name)}
+                   for name in names),
+                  key=lambda r: -abs(r["on"]["ns"] - r["off"]["ns"]))
+    return {"ns_per_step": {"off": off["per_step"]["ns"], "on": on["per_step"]["ns"],
+                            "on_over_off": ratio(on["per_step"]["ns"], off["per_step"]["ns"])},
+            "kernels_differing_most": rows[:top]}
+
+
 def summary(cells: list[dict]) -> list[dict]:
     """Per (acceptance, batch): NWOR on against off, from both passes where present."""
     rows = []
     for acceptance, batch in sorted({(c["acceptance"], c["batch"]) for c in cells}):
         row = {"acceptance": acceptance, "batch": batch}
-        for pass_ in ("kv", "step"):
+        for pass_ in ("kv", "step", "nodes"):
             side = {c["side"]: c for c in cells if c["pass"] == pass_
                     and (c["acceptance"], c["batch"]) == (acceptance, batch)}
             if set(side) != {"off", "on"}:
@@ -309,6 +340,8 @@ def summary(cells: list[dict]) -> list[dict]:
                     name: {field: round(value / on["steps"]) for field, value in family.items()
                            if field != "launches"}
                     for name, family in on["families"].items()}
+            elif pass_ == "nodes":
+                row["nodes"] = nodes_difference(off, on)
             else:
                 row["step"] = {field: {"off": off["per_step"][field], "on": on["per_step"][field],
                                        "on_over_off": ratio(on["per_step"][field],
@@ -347,7 +380,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--acceptance", type=float, nargs="+", default=[0.3, 0.7])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
-    parser.add_argument("--steps", type=int, help="steps a window (8 for kv, 4 for step)")
+    parser.add_argument("--steps", type=int, help=f"steps a window (default {STEPS})")
     parser.add_argument("--warm-steps", type=int, default=6)
     parser.add_argument("--output-len", type=int, default=512)
     parser.add_argument("--keep-reports", type=Path, help="copy the ncu reports here")

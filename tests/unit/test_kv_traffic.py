@@ -87,3 +87,19 @@ def test_the_summary_puts_nwor_over_vllm_alone_per_cell(fake_ncu, tmp_path):
     written = row["kv_kernels_per_step"]["l2_write_bytes"]
     assert written == {"off": 655360, "on": 1_048_576, "on_over_off": 1.6}
     assert row["kv_bytes_written_per_token"]["on_over_off"] == 1.6
+
+
+def test_the_nodes_pass_sums_per_kernel_and_names_the_kernels_nwor_changes(fake_ncu, tmp_path):
+    first, second = traffic.split_windows(traffic.read_report(fake_ncu, tmp_path / "x"), 2)
+    window = {"batch": 1, "steps": 1, "tokens": 4, "drafted": 4, "accepted": 3}
+    on, off = (traffic.cell(window, part, "nodes") for part in (first, second))
+    assert set(on["kernels"]) == {"reshape_and_cache_flash_kernel", "_plan_scratch_kernel",
+                                  "_commit_kv_kernel"}
+    assert on["per_step"]["ns"] == 3000 + 800 + 400 and off["per_step"]["ns"] == 6000
+    difference = traffic.nodes_difference(off, on)
+    assert difference["ns_per_step"] == {"off": 6000, "on": 4200, "on_over_off": 0.7}
+    assert [row["kernel"] for row in difference["kernels_differing_most"]] == [
+        "reshape_and_cache_flash_kernel", "_plan_scratch_kernel", "_commit_kv_kernel"]
+    assert difference["kernels_differing_most"][1] == {
+        "kernel": "_plan_scratch_kernel", "off": {"launches": 0, "ns": 0},
+        "on": {"launches": 1, "ns": 800}}
