@@ -16,8 +16,10 @@ over more requests, so that small batches run long enough to time):
   in steady state, the finer measure of a per-step cost;
 - each run's GPU clocks (SM MHz and power sampled through NVML) and the engine process's CPU
   seconds and context switches, to tell a slowed card from a slowed host;
-- persistent KV bytes the target model wrote per generated token, counted: prompt tokens plus
-  every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``);
+- the KV bytes that reach requests' own blocks per generated token, counted (arithmetic, not
+  what the GPU writes: ``benchmarks/nwor_kv_traffic.py`` reads that from its counters): prompt
+  tokens plus every scheduled decode token, minus NWOR's rejected tokens (``tokens_rejected``),
+  which NWOR writes to its scratch blocks instead;
 - greedy token agreement between the two engines' outputs.
 
 With ``--aa`` a second plugin-off engine runs beside them, and each cell also reports it over
@@ -74,7 +76,9 @@ KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head s
 
 
 def kv_bytes_per_generated_token(run: dict, batch_prompts: list[list[int]]) -> float:
-    """Target KV writes per generated token: prompt + decode steps' tokens - NWOR's rejected.
+    """KV bytes in the target's requests' blocks per generated token: prompt + decode steps'
+    tokens - NWOR's rejected (written to scratch blocks instead). Arithmetic, not the bytes the
+    GPU writes.
 
     A request that generates G tokens runs G - 1 - A decode steps (A accepted drafts), each
     writing its last sampled token and its drafts: P + (G - 1 - A) + D writes per request.
@@ -253,9 +257,9 @@ def summarise(method, k, L, batch, results) -> dict:
         "throughput_ratio": round(ratios["throughput"], 4),
         "throughput_ratio_paired": round(ratios["paired"], 4),
         "itl_ratio": round(ratios["itl"], 4),
-        "kv_bytes_per_token_on": round(statistics.mean(
+        "request_block_kv_bytes_per_token_on": round(statistics.mean(
             kv_bytes_per_generated_token(r, r["prompts"]) for r in on)),
-        "kv_bytes_per_token_off": round(statistics.mean(
+        "request_block_kv_bytes_per_token_off": round(statistics.mean(
             kv_bytes_per_generated_token(r, r["prompts"]) for r in off)),
         "token_agreement": round(ratios["agreement"], 5),
         "divergences_first_position": ratios["divergences"],

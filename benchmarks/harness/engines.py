@@ -694,15 +694,23 @@ def time_scv_policy(llm) -> dict | None:
     return totals
 
 
+FIRST_STEPS = 6
+"""How many of a run's first steps :func:`step_summary` lists one by one (a batch's prefill)."""
+
+
 def step_summary(durations: list[float]) -> dict | None:
-    """A run's engine steps: how many, their median and their 10%-trimmed mean, in ms."""
+    """A run's engine steps: how many, their median and their 10%-trimmed mean, their total,
+    and the first :data:`FIRST_STEPS` (the prefill, which the median leaves out), in ms. The
+    total beside the run's wall time says how much of it was spent outside the steps."""
     if not durations:
         return None
     ordered = sorted(durations)
     cut = len(ordered) // 10
     kept = ordered[cut:len(ordered) - cut] or ordered
     return {"steps": len(ordered), "median": round(1e3 * statistics.median(ordered), 4),
-            "trimmed_mean": round(1e3 * statistics.fmean(kept), 4)}
+            "trimmed_mean": round(1e3 * statistics.fmean(kept), 4),
+            "total": round(1e3 * sum(durations), 3),
+            "first": [round(1e3 * d, 3) for d in durations[:FIRST_STEPS]]}
 
 
 def record_gc_pauses(at_least_ms: float = 1.0) -> list:

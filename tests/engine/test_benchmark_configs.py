@@ -302,8 +302,9 @@ def test_overhead_cell_compares_each_repetitions_median_step():
     summary = importlib.import_module("benchmarks.harness.engines").step_summary
     assert summary([]) is None
     # 10 steps: the trimmed mean leaves out the slowest and the fastest
-    assert summary([0.001] * 8 + [0.0005, 0.1]) == {"steps": 10, "median": 1.0,
-                                                    "trimmed_mean": 1.0}
+    assert summary([0.1] + [0.001] * 8 + [0.0005]) == {
+        "steps": 10, "median": 1.0, "trimmed_mean": 1.0, "total": 108.5,
+        "first": [100.0, 1.0, 1.0, 1.0, 1.0, 1.0]}
 
     def run(step_ms: list[float]) -> dict:
         return {"tokens": [[1, 2, 3, 4]] * 2, "seconds": 1.0, "itl_median": 0.1,
