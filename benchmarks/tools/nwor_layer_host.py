@@ -60,7 +60,7 @@ from vllm_nwor import patches
 from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels._common import Launcher
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
-from vllm_nwor.nwor.kv_staging import StagingBuffer
+from vllm_nwor.nwor.kv_staging import StagedLayers
 from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep
 from vllm_nwor.patches._patch import original
 from vllm_nwor.patches.nwor import flash_attn as nwor_fa
@@ -149,12 +149,11 @@ class Step:
             backend.plain_write(layers[layer_idx], key, value, slot_mapping)
 
         stage_fn, commit_fn, write_back = backend.fused_ops(layers, self.batch, self.k, rows)
-        buffer = StagingBuffer(len(self.layers), max(max_tokens, 1), KV_HEADS, HEAD_SIZE,
-                               torch.bfloat16, "cuda", holds_kv=write_back is None)
         interceptor = NworInterceptor(
-            buffer, plain_write, commit_fn, stage_fn, kv_bytes_per_token=1,
+            StagedLayers(len(self.layers), max(max_tokens, 1)), plain_write,
+            stage_fn=stage_fn, commit_fn=commit_fn, write_back=write_back, kv_bytes_per_token=1,
             uploader=IndexUploader(3 * max_tokens + rows + 4, "cuda"),  # as bind() sizes it
-            write_back=write_back)
+            device="cuda")
         for idx, layer in enumerate(layers):
             setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
         return interceptor

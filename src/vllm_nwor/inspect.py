@@ -47,7 +47,7 @@ def reserved_kv_blocks(llm: Any) -> int:
 
 def interceptor_of(model_runner: Any) -> Any:
     """The runner's NWOR interceptor (:class:`vllm_nwor.nwor.interceptor.NworInterceptor`: its
-    staging buffer, verify step and counters), or None when NWOR is off."""
+    staged layers, verify step and counters), or None when NWOR is off."""
     from vllm_nwor.patches.nwor import binding
 
     return binding.interceptor_of(model_runner)

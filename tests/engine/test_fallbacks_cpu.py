@@ -30,11 +30,11 @@ FAILING_LAYER = 1  # of the tiny target's 3: layers before and after it were sta
 def _fail_commit(interceptor, layers) -> None:
     commit, calls = interceptor.commit_fn, [0]
 
-    def failing(buffer, verdict):
+    def failing(verdict):
         calls[0] += 1
         if calls[0] % 3 == 0:
             raise RuntimeError("injected commit failure")
-        return commit(buffer, verdict)
+        return commit(verdict)
 
     interceptor.commit_fn = failing
 

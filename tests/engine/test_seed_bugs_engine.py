@@ -1,6 +1,6 @@
 """Seed 003's six integration bugs, checked on the real engine (the unit tests check the core).
 
-One run with NWOR on, instrumented at the interceptor and staging buffer.
+One run with NWOR on, instrumented at the interceptor and its staged layers.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ def run(tiny_models):
     with engine(target, spec_config("ngram", nwor=True)) as llm:
         runner = runner_of(llm)
         interceptor = interceptor_of(runner)
-        buffer = interceptor.buffer
+        staged = interceptor.staged
         record = {"begun": 0, "resets": 0, "commits": [], "bindings": []}
         record["bindings"] = [
             (layer.layer_name, layer_binding(layer).layer_idx)
             for layer in target_layers(llm)
         ]
-        begin, reset, commit = interceptor.begin, buffer.reset, interceptor.commit
+        begin, reset, commit = interceptor.begin, staged.reset, interceptor.commit
 
         def counting_begin(step):
-            staged = begin(step)
-            record["begun"] += staged
-            return staged
+            began = begin(step)
+            record["begun"] += began
+            return began
 
         def counting_reset(n):
             record["resets"] += 1
@@ -41,14 +41,14 @@ def run(tiny_models):
 
         def inspecting_commit(accepted):
             record["commits"].append({
-                "complete": buffer.is_complete(),
+                "complete": staged.is_complete(),
                 "layers_distinct": all(
                     not torch.equal(kept[i][0], kept[i + 1][0]) for i in range(len(kept) - 1)
                 ),
             })
             return commit(accepted)
 
-        interceptor.begin, buffer.reset, interceptor.commit = (
+        interceptor.begin, staged.reset, interceptor.commit = (
             counting_begin, counting_reset, inspecting_commit
         )
         record["tokens"] = generate(llm)
@@ -86,7 +86,7 @@ def test_bug5_each_layer_has_its_own_cache(run):
     assert not torch.equal(caches[0], caches[1])
 
 
-def test_bug6_the_buffer_is_reset_once_per_step_only(run):
+def test_bug6_the_staged_layers_are_reset_once_per_step_only(run):
     assert run["resets"] == run["begun"]
 
 

@@ -95,11 +95,11 @@ def main(spec: dict, out_path: str) -> None:
     if inject_every and interceptor is not None:
         commit_fn, calls = interceptor.commit_fn, [0]
 
-        def flaky_commit(buffer, verdict):
+        def flaky_commit(verdict):
             calls[0] += 1
             if calls[0] % inject_every == 0:
                 raise RuntimeError("injected commit failure")
-            commit_fn(buffer, verdict)
+            commit_fn(verdict)
 
         interceptor.commit_fn = flaky_commit
     dispatches = record_dispatches(runner)

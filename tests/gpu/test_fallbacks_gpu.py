@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICE
-from test_kernels import DTYPE, SENTINEL, layer_caches, rows
+from test_kernels import SENTINEL, layer_caches, rows
 
 from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
-from vllm_nwor.nwor.kv_staging import ScratchStaging, StagingBuffer
+from vllm_nwor.nwor.kv_staging import ScratchStaging, StagedLayers
 from vllm_nwor.nwor.verify_step import VerifyStep
 
 pytestmark = pytest.mark.interpretable
@@ -48,12 +48,13 @@ def setup(max_tokens=8, commit_fails=False):
                              max(NUM_DRAFTS), 16)
     stage, commit, write_back = staging.ops()
 
-    def failing_commit(buf, verdict):
+    def failing_commit(verdict):
         raise RuntimeError("injected commit failure")
 
-    buffer = StagingBuffer(LAYERS, max_tokens, HEADS, HEAD_SIZE, DTYPE, DEVICE, holds_kv=False)
-    interceptor = NworInterceptor(buffer, plain_write, failing_commit if commit_fails else commit,
-                                  stage, kv_bytes_per_token=1, write_back=write_back)
+    interceptor = NworInterceptor(
+        StagedLayers(LAYERS, max_tokens), plain_write, stage_fn=stage,
+        commit_fn=failing_commit if commit_fails else commit, write_back=write_back,
+        kv_bytes_per_token=1, device=DEVICE)
     return interceptor, raws
 
 

@@ -1,7 +1,10 @@
-"""The staging core: buffer, interceptor lifecycle, fallbacks, counters (no vLLM needed).
+"""The staging core: the interceptor's lifecycle, fallbacks, counters (no vLLM needed).
 
 A fake paged cache (one ``[slots, heads, dim]`` tensor pair per layer, filled with a sentinel)
-stands in for vLLM's; ``plain_write`` plays vLLM's write op, skipping slot -1 as vLLM does.
+stands in for vLLM's; ``plain_write`` plays vLLM's write op, skipping slot -1 as vLLM does. The
+fused ops are FLASH_ATTN's (:class:`ScratchStaging`) over that cache seen as blocks of one slot,
+with the kernels' PyTorch references (what the Triton kernels are tested against on the GPU):
+the last slots are the scratch blocks, and the requests' own slots lie below them.
 """
 
 from __future__ import annotations
@@ -16,11 +19,22 @@ from vllm_nwor.nwor.counters import FallbackReason
 from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels._common import HAS_TRITON, next_power_of_2, triton
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
-from vllm_nwor.nwor.kv_staging import PAD_SLOT_ID, ScratchStaging, StagingBuffer
+from vllm_nwor.nwor.kv_staging import PAD_SLOT_ID, ScratchStaging, StagedLayers
 from vllm_nwor.nwor.verify_step import IndexUploader, StagingOverflow, VerifyStep
 
 SENTINEL = -777.0
 NUM_LAYERS, HEADS, DIM, NUM_SLOTS = 4, 2, 8, 64
+
+# A batch of three requests: a verify step with 2 drafts (rows 0-2), a prefill chunk with no
+# drafts (rows 3-6), and a verify step with 3 drafts (rows 7-10). Slots 20.. in batch order.
+NUM_DRAFTS = [2, 0, 3]
+QUERY_START_LOC = [0, 3, 7, 11]
+NUM_ROWS = 11
+SLOTS = torch.arange(20, 20 + NUM_ROWS)
+DRAFT_ROWS = [1, 2, 8, 9, 10]
+PADDED_ROWS = 16  # a CUDA graph's size for the batch
+CONTEXT = 2  # committed positions of each request before its rows, in blocks 0-5
+SCRATCH_BASE = NUM_SLOTS - scratch_blocks(len(NUM_DRAFTS), max(NUM_DRAFTS), 1)[1]
 
 
 class FakeCache:
@@ -30,15 +44,18 @@ class FakeCache:
         self.key = torch.full((NUM_LAYERS, NUM_SLOTS, HEADS, DIM), SENTINEL)
         self.value = torch.full((NUM_LAYERS, NUM_SLOTS, HEADS, DIM), SENTINEL)
         self.writes: list[tuple[int, list[int]]] = []
+        self.broken: Exception | None = None  # set: every write raises it
 
     def plain_write(self, layer_idx, key, value, slot_mapping) -> None:
+        if self.broken is not None:
+            raise self.broken
         n = len(slot_mapping)
         keep = slot_mapping >= 0
         self.key[layer_idx, slot_mapping[keep]] = key[:n][keep]
         self.value[layer_idx, slot_mapping[keep]] = value[:n][keep]
         self.writes.append((layer_idx, slot_mapping[keep].tolist()))
 
-    def written_slots(self, layer_idx, below: int = NUM_SLOTS) -> set[int]:
+    def written_slots(self, layer_idx, below: int = SCRATCH_BASE) -> set[int]:
         written = (self.key[layer_idx, :below] != SENTINEL).all(-1).all(-1)
         return set(torch.nonzero(written).flatten().tolist())
 
@@ -49,18 +66,32 @@ def layer_kv(layer_idx: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tenso
     return base + 1000 * layer_idx, -(base + 1000 * layer_idx) - 1
 
 
-def make_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None) -> NworInterceptor:
-    buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu")
-    return NworInterceptor(buffer, cache.plain_write, commit_fn, kv_bytes_per_token=100)
+def step_metadata() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block table, query starts and sequence lengths of the batch: request ``i``'s context in
+    blocks ``2i, 2i + 1``, its rows in the blocks of their slots (20.. in batch order)."""
+    table = torch.zeros((len(NUM_DRAFTS), CONTEXT + 4), dtype=torch.int32)
+    for i in range(len(NUM_DRAFTS)):
+        start, end = QUERY_START_LOC[i], QUERY_START_LOC[i + 1]
+        table[i, :CONTEXT] = torch.tensor([2 * i, 2 * i + 1])
+        table[i, CONTEXT:CONTEXT + end - start] = SLOTS[start:end]
+    seq_lens = torch.tensor([CONTEXT + QUERY_START_LOC[i + 1] - QUERY_START_LOC[i]
+                             for i in range(len(NUM_DRAFTS))], dtype=torch.int32)
+    return table, torch.tensor(QUERY_START_LOC, dtype=torch.int32), seq_lens
 
 
-# A batch of three requests: a verify step with 2 drafts (rows 0-2), a prefill chunk with no
-# drafts (rows 3-6), and a verify step with 3 drafts (rows 7-10). Slots 20.. in batch order.
-NUM_DRAFTS = [2, 0, 3]
-QUERY_START_LOC = [0, 3, 7, 11]
-NUM_ROWS = 11
-SLOTS = torch.arange(20, 20 + NUM_ROWS)
-DRAFT_ROWS = [1, 2, 8, 9, 10]
+def make_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None,
+                     uploader: IndexUploader | None = None) -> NworInterceptor:
+    blocks = [c.unsqueeze(1) for c in cache.key], [c.unsqueeze(1) for c in cache.value]
+    staging = ScratchStaging(*blocks, cache.plain_write, step_metadata, len(NUM_DRAFTS),
+                             max(NUM_DRAFTS), PADDED_ROWS)
+    stage_fn, commit, write_back = staging.ops()
+    return NworInterceptor(StagedLayers(NUM_LAYERS, max_tokens), cache.plain_write,
+                           stage_fn=stage_fn, commit_fn=commit_fn or commit,
+                           write_back=write_back, kv_bytes_per_token=100, uploader=uploader)
+
+
+def staging_of(interceptor: NworInterceptor) -> ScratchStaging:
+    return interceptor.write_back.__self__
 
 
 def run_forward(interceptor: NworInterceptor, layers=range(NUM_LAYERS)) -> None:
@@ -86,7 +117,7 @@ def expected_slots(accepted_per_request: list[int]) -> set[int]:
     return {20 + r for r in rows}
 
 
-def assert_cache_holds(cache: FakeCache, slots: set[int], below: int = NUM_SLOTS) -> None:
+def assert_cache_holds(cache: FakeCache, slots: set[int], below: int = SCRATCH_BASE) -> None:
     """Exactly ``slots`` below slot ``below`` are written, each with its row's K/V."""
     for layer_idx in range(NUM_LAYERS):
         assert cache.written_slots(layer_idx, below) == slots, f"layer {layer_idx}"
@@ -190,9 +221,11 @@ def test_attention_knows_which_layers_are_staged_until_commit():
     assert not interceptor.is_staged(0)  # layer 0 has not staged yet
     run_forward(interceptor, layers=[0])
     assert interceptor.is_staged(0) and not interceptor.is_staged(1)
-    key, value = interceptor.buffer.chunk(0)
-    full_key, full_value = layer_kv(0, NUM_ROWS)
-    assert torch.equal(key, full_key[DRAFT_ROWS]) and torch.equal(value, full_value[DRAFT_ROWS])
+    scratch = staging_of(interceptor).write_slots[DRAFT_ROWS]  # where layer 0 put its drafts
+    assert (scratch >= SCRATCH_BASE).all()
+    key, value = layer_kv(0, NUM_ROWS)
+    assert torch.equal(cache.key[0, scratch], key[DRAFT_ROWS])
+    assert torch.equal(cache.value[0, scratch], value[DRAFT_ROWS])
     run_forward(interceptor, layers=[1, 2, 3])
     interceptor.commit(sampled([0, 0, 0]))
     assert not interceptor.is_staged(0)
@@ -205,27 +238,11 @@ def test_the_next_step_starts_with_nothing_staged():
     run_forward(interceptor, layers=[0, 1])
     interceptor.commit(sampled([0, 0, 0]))
     begin(interceptor)
-    assert not interceptor.buffer.holds_data()
+    assert not interceptor.staged.holds_data()
     assert not any(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
-    run_forward(interceptor, layers=[2])
-    assert interceptor.buffer.holds_data() and interceptor.is_staged(2)
-    assert not interceptor.buffer.is_complete()
-
-
-# -- buffer: explicit token indexing ---------------------------------------------------------
-
-
-def test_out_of_order_and_duplicate_staging():
-    buffer = StagingBuffer(NUM_LAYERS, 8, HEADS, DIM, torch.float32, "cpu")
-    buffer.reset(5)
-    key, value = layer_kv(0, 5)
-    buffer.stage(0, 3, key[3:], value[3:])  # tokens 3-4 first
-    assert not buffer.is_staged(0)
-    buffer.stage(0, 0, key[:3], value[:3])  # then 0-2
-    buffer.stage(0, 1, key[1:2], value[1:2])  # token 1 again: overwrites, no new token
-    assert buffer.is_staged(0)
-    assert torch.equal(buffer.chunk(0)[0], key) and torch.equal(buffer.chunk(0)[1], value)
-    assert buffer.layers_with_data() == [0]
+    run_forward(interceptor, layers=[0, 1])
+    assert interceptor.staged.holds_data() and interceptor.is_staged(1)
+    assert not interceptor.staged.is_complete()
 
 
 def test_duplicate_staging_counts_unique_tokens_not_operations():
@@ -239,18 +256,13 @@ def test_duplicate_staging_counts_unique_tokens_not_operations():
     assert_cache_holds(cache, expected_slots([2, 0, 3]))
 
 
-def test_buffer_rejects_out_of_range_staging():
-    buffer = StagingBuffer(NUM_LAYERS, 8, HEADS, DIM, torch.float32, "cpu")
-    buffer.reset(4)
-    key, value = layer_kv(0, 4)
-    with pytest.raises(IndexError):
-        buffer.stage(NUM_LAYERS, 0, key, value)
-    with pytest.raises(IndexError):
-        buffer.stage(0, 2, key, value)
-    with pytest.raises(ValueError):
-        buffer.stage(0, 0, key[:, :1], value[:, :1])
-    with pytest.raises(StagingOverflow):
-        buffer.reset(9)
+def test_a_step_of_more_drafts_than_a_step_may_stage_overflows():
+    staged = StagedLayers(NUM_LAYERS, 8)
+    staged.reset(8)
+    with pytest.raises(StagingOverflow, match="9 draft tokens exceed the 8 a step may stage"):
+        staged.reset(9)
+    with pytest.raises(ValueError, match="num_layers >= 1"):
+        StagedLayers(0, 8)
 
 
 # -- fallbacks ---------------------------------------------------------------------------------
@@ -270,15 +282,21 @@ def test_overflow_goes_to_fallback_and_plain_writes():
 
 @pytest.mark.parametrize("fail_at", [0, 2, 3])
 def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
+    """A commit that wrote some layers' accepted rows and raised, without counting (as
+    ``CommitFn`` says): the write-back commits every layer again, and counts once."""
     cache = FakeCache()
 
-    def failing_commit(buffer, verdict):
-        slots = torch.where(verdict.accepted(), buffer.slot_mapping[: buffer.num_tokens], -1)
-        for layer_idx in range(buffer.num_layers):
-            if layer_idx == fail_at:
-                raise RuntimeError("injected commit failure")
-            key, value = buffer.chunk(layer_idx)
-            cache.plain_write(layer_idx, key, value, slots)
+    def failing_commit(verdict):
+        staging = staging_of(interceptor)
+        rows = verdict.row_stage_index.shape[0]
+        accepted = verdict.keep_rows(staging.commit_slots[:rows])
+        for layer_idx in range(fail_at):
+            keep = accepted >= 0
+            cache.key[layer_idx, accepted[keep]] = cache.key[layer_idx,
+                                                             staging.write_slots[:rows][keep]]
+            cache.value[layer_idx, accepted[keep]] = cache.value[
+                layer_idx, staging.write_slots[:rows][keep]]
+        raise RuntimeError("injected commit failure")
 
     interceptor = make_interceptor(cache, commit_fn=failing_commit)
     begin(interceptor)
@@ -288,29 +306,6 @@ def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
     counters = interceptor.counters()
     assert counters.fallbacks == {"commit_error": 1}
     # The NWOR guarantee held: rejected drafts were not written, so the step still counts.
-    assert counters.tokens_committed == 3 and counters.tokens_rejected == 2
-
-
-def test_a_default_commit_redone_after_an_error_counts_its_tokens_once():
-    """The CPU backend's commit is the interceptor's own plain-write commit; when a write of it
-    fails once, the commit is redone the same way and must not count the accepted tokens twice."""
-    cache = FakeCache()
-    interceptor = make_interceptor(cache)
-    begin(interceptor)
-    run_forward(interceptor)
-    write, calls = cache.plain_write, [0]
-
-    def flaky_write(layer_idx, key, value, slot_mapping):
-        calls[0] += 1
-        if calls[0] == 3:
-            raise RuntimeError("injected write failure")
-        write(layer_idx, key, value, slot_mapping)
-
-    interceptor.plain_write = flaky_write
-    interceptor.commit(sampled([1, 0, 2]))
-    assert_cache_holds(cache, expected_slots([1, 0, 2]))
-    counters = interceptor.counters()
-    assert counters.fallbacks == {"commit_error": 1}
     assert counters.tokens_committed == 3 and counters.tokens_rejected == 2
 
 
@@ -336,8 +331,7 @@ def test_commit_failure_with_failing_plain_writes_is_not_swallowed():
     interceptor = make_interceptor(cache, commit_fn=lambda *_: 1 / 0)
     begin(interceptor)
     run_forward(interceptor)
-    cache.plain_write = lambda *_: (_ for _ in ()).throw(OSError("device lost"))
-    interceptor.plain_write = cache.plain_write
+    cache.broken = OSError("device lost")
     with pytest.raises(OSError, match="device lost"):
         interceptor.commit(sampled([1, 0, 2]))
 
@@ -348,14 +342,14 @@ def test_stage_failure_is_all_or_nothing(fail_layer):
     cache = FakeCache()
     interceptor = make_interceptor(cache)
     begin(interceptor)
-    stage = interceptor.buffer.stage
+    stage = interceptor.stage_fn
 
-    def flaky_stage(layer_idx, start, key, value):
+    def flaky_stage(layer_idx, *args):
         if layer_idx == fail_layer:
             raise RuntimeError("injected staging failure")
-        stage(layer_idx, start, key, value)
+        stage(layer_idx, *args)
 
-    interceptor.buffer.stage = flaky_stage
+    interceptor.stage_fn = flaky_stage
     run_forward(interceptor)
     # Every layer now holds every row, drafts included, as vLLM would have written them.
     assert_cache_holds(cache, {20 + r for r in range(NUM_ROWS)})
@@ -428,7 +422,7 @@ def test_seed_bug1_staging_starts_once_per_step_not_per_layer():
     interceptor = make_interceptor(cache)
     begin(interceptor)
     run_forward(interceptor)
-    assert all(interceptor.buffer.is_staged(layer) for layer in range(NUM_LAYERS))
+    assert all(interceptor.staged.is_staged(layer) for layer in range(NUM_LAYERS))
     assert all(interceptor.is_staged(layer) for layer in range(NUM_LAYERS))
     # No layer wrote a draft row directly.
     for layer_idx, slots in cache.writes:
@@ -443,9 +437,10 @@ def test_seed_bug2_each_layer_stages_at_its_own_index():
     interceptor = make_interceptor(cache)
     begin(interceptor)
     run_forward(interceptor)
+    scratch = staging_of(interceptor).write_slots[DRAFT_ROWS]
     for layer_idx in range(NUM_LAYERS):
         key, _ = layer_kv(layer_idx, NUM_ROWS)
-        assert torch.equal(interceptor.buffer.chunk(layer_idx)[0], key[DRAFT_ROWS])
+        assert torch.equal(cache.key[layer_idx, scratch], key[DRAFT_ROWS])
 
 
 def test_seed_bug3_accepted_drafts_reach_the_cache():
@@ -490,44 +485,17 @@ def test_seed_bug6_staging_a_layer_does_not_wipe_the_others():
     begin(interceptor)
     run_forward(interceptor, layers=[0])
     run_forward(interceptor, layers=[1, 2, 3])
-    assert interceptor.buffer.is_complete()
-    assert interceptor.buffer.layers_with_data() == [0, 1, 2, 3]
+    assert interceptor.staged.is_complete()
+    assert interceptor.staged.layers_with_data() == [0, 1, 2, 3]
 
 
 # -- FULL CUDA graphs ----------------------------------------------------------------------------
 # A captured graph runs the fused stage for every layer with the arguments it was captured with:
-# the uploader's fixed row index, vLLM's slot mapping padded with -1 to the graph's size. Here the
-# fused ops are FLASH_ATTN's (ScratchStaging) over the fake cache seen as blocks of one slot, with
-# the kernels' PyTorch references (what the Triton kernels are tested against on the GPU).
-
-PADDED_ROWS = 16
-CONTEXT = 2  # committed positions of each request before its rows, in blocks 0-5
-SCRATCH_BASE = NUM_SLOTS - scratch_blocks(len(NUM_DRAFTS), max(NUM_DRAFTS), 1)[1]
-
-
-def step_metadata() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Block table, query starts and sequence lengths of the batch: request ``i``'s context in
-    blocks ``2i, 2i + 1``, its rows in the blocks of their slots (20.. in batch order)."""
-    table = torch.zeros((len(NUM_DRAFTS), CONTEXT + 4), dtype=torch.int32)
-    for i in range(len(NUM_DRAFTS)):
-        start, end = QUERY_START_LOC[i], QUERY_START_LOC[i + 1]
-        table[i, :CONTEXT] = torch.tensor([2 * i, 2 * i + 1])
-        table[i, CONTEXT:CONTEXT + end - start] = SLOTS[start:end]
-    seq_lens = torch.tensor([CONTEXT + QUERY_START_LOC[i + 1] - QUERY_START_LOC[i]
-                             for i in range(len(NUM_DRAFTS))], dtype=torch.int32)
-    return table, torch.tensor(QUERY_START_LOC, dtype=torch.int32), seq_lens
+# the uploader's fixed row index, vLLM's slot mapping padded with -1 to the graph's size.
 
 
 def graph_interceptor(cache: FakeCache, max_tokens: int = 16, commit_fn=None) -> NworInterceptor:
-    blocks = [c.unsqueeze(1) for c in cache.key], [c.unsqueeze(1) for c in cache.value]
-    staging = ScratchStaging(*blocks, cache.plain_write, step_metadata, len(NUM_DRAFTS),
-                             max(NUM_DRAFTS), PADDED_ROWS)
-    stage_fn, commit, write_back = staging.ops()
-    buffer = StagingBuffer(NUM_LAYERS, max_tokens, HEADS, DIM, torch.float32, "cpu",
-                           holds_kv=False)
-    return NworInterceptor(buffer, cache.plain_write, commit_fn or commit, stage_fn,
-                           kv_bytes_per_token=100, uploader=IndexUploader(64, "cpu"),
-                           write_back=write_back)
+    return make_interceptor(cache, max_tokens, commit_fn, IndexUploader(64, "cpu"))
 
 
 def replay_graph(interceptor: NworInterceptor) -> None:
@@ -537,14 +505,14 @@ def replay_graph(interceptor: NworInterceptor) -> None:
         key, value = layer_kv(layer_idx, NUM_ROWS)
         pad = torch.full((PADDED_ROWS - NUM_ROWS, HEADS, DIM), 5.0)  # padding rows' K/V
         interceptor.stage_fn(layer_idx, torch.cat([key, pad]), torch.cat([value, pad]), slots,
-                             interceptor.uploader.rows(PADDED_ROWS), interceptor.buffer)
+                             interceptor.uploader.rows(PADDED_ROWS))
 
 
 def captured(interceptor: NworInterceptor) -> NworInterceptor:
     """Capture: layers called with several tokens per request stage through the fixed rows."""
     seen = []
     stage_fn = interceptor.stage_fn
-    interceptor.stage_fn = lambda layer_idx, key, value, slots, rows, buf: seen.append(rows)
+    interceptor.stage_fn = lambda layer_idx, key, value, slots, rows: seen.append(rows)
     interceptor.capturing = True
     assert interceptor.stages_in_graph(max_query_len=4)
     assert not interceptor.stages_in_graph(max_query_len=1)  # decode graphs stay vLLM's

@@ -20,8 +20,8 @@ draft row
     (the request's last sampled token, or prompt tokens) are not drafts.
 staged
     A draft row whose K/V waits for the verdict outside the blocks the scheduler gave its
-    request: in scratch KV blocks (:mod:`~vllm_nwor.nwor.kernels.scratch`), and on the CPU also
-    in the :class:`~vllm_nwor.nwor.kv_staging.StagingBuffer`.
+    request: in scratch KV blocks (:mod:`~vllm_nwor.nwor.kernels.scratch`; on the CPU, also in
+    a copy of its rows each layer keeps for the commit).
 chunk
     One request's rows in one verify step: its last sampled token and its drafts (or a prompt
     chunk, for a request without drafts). Verify attention reads a drafting request's chunk

@@ -26,8 +26,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
 from vllm_nwor.nwor.counters import FallbackReason, NworCounters
-from vllm_nwor.nwor.kernels.commit_kv import Verdict
-from vllm_nwor.nwor.kv_staging import PAD_SLOT_ID, CommitFn, StageFn, StagingBuffer, WriteBackFn
+from vllm_nwor.nwor.kv_staging import CommitFn, StagedLayers, StageFn, WriteBackFn
 from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep
 
 logger = get_logger(__name__)
@@ -54,43 +53,40 @@ class NworInterceptor:
     """Routes the target model's KV writes during verify steps: stage, then commit or fall back.
 
     Args:
-        buffer: where draft K/V wait for the verdict.
-        plain_write: vLLM's own write path for one layer. Every fallback goes through it.
-        commit_fn: writes all layers' accepted tokens at once. Defaults to ``plain_write`` for
-            each layer in turn. If it raises, the commit is redone with ``plain_write``.
-        stage_fn: a backend's fused stage (one launch per layer). Defaults to gathering the
-            draft rows into the buffer and writing the rest with ``plain_write``.
+        staged: which layers have staged the step.
+        plain_write: vLLM's own write path for one layer: a layer that cannot stage writes
+            through it.
+        stage_fn, commit_fn, write_back: the backend's fused stage (per layer), commit (all
+            layers at once) and write-back, through which every fallback writes what the stage
+            kept out of the cache, and which redoes a commit that raised.
         kv_bytes_per_token: bytes one token's K and V take in the paged cache, all target layers.
         uploader: carries each step's indices to the device (see :class:`IndexUploader`).
-        write_back: how fallbacks write what a fused stage kept outside ``buffer``. Defaults to
-            ``plain_write`` from the buffer.
+        device: where the committed-token counter lives (the caches').
     """
 
     def __init__(
         self,
-        buffer: StagingBuffer,
+        staged: StagedLayers,
         plain_write: PlainWrite,
-        commit_fn: CommitFn | None = None,
-        stage_fn: StageFn | None = None,
         *,
+        stage_fn: StageFn,
+        commit_fn: CommitFn,
+        write_back: WriteBackFn,
         kv_bytes_per_token: int,
         uploader: IndexUploader | None = None,
-        write_back: WriteBackFn | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
-        self.buffer = buffer
-        self.write_back = write_back
-        self.uploader = uploader
+        self.staged = staged
         self.plain_write = plain_write
-        self.commit_fn = commit_fn or self._commit_with_plain_writes
-        self.stage_fn = stage_fn
+        self.stage_fn, self.commit_fn, self.write_back = stage_fn, commit_fn, write_back
+        self.uploader = uploader
         self.kv_bytes_per_token = kv_bytes_per_token
         self._step: VerifyStep | None = None
         self._failed = False
         self._slot_source: torch.Tensor | None = None
-        self._direct_slots: torch.Tensor | None = None
         self._steps = 0
         self._tokens_staged = 0
-        self._committed = torch.zeros((), dtype=torch.int64, device=buffer.key.device)
+        self._committed = torch.zeros((), dtype=torch.int64, device=device)
         self._fallbacks: Counter[str] = Counter()
         self.capturing = False  # set by the runner while vLLM captures its CUDA graphs
         self.graph_staging = False  # a captured CUDA graph holds the staged path
@@ -113,14 +109,13 @@ class NworInterceptor:
             self.discard(FallbackReason.NO_COMMIT)
         if step is None:
             return False
-        if step.num_tokens > self.buffer.max_tokens:
+        if step.num_tokens > self.staged.max_tokens:
             self._fallbacks[FallbackReason.OVERFLOW.value] += 1
             return False
-        self.buffer.reset(step.num_tokens)
+        self.staged.reset(step.num_tokens)
         self._step = step
         self._failed = False
         self._slot_source = None
-        self._direct_slots = None
         return True
 
     def begin_batch(self, num_draft_tokens: Sequence[int] | None,
@@ -148,7 +143,7 @@ class NworInterceptor:
         value: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Takes layer ``layer_idx``'s KV write: draft rows are staged, the rest written.
+        """Takes layer ``layer_idx``'s KV write through the backend's stage.
 
         Called in every layer of a verify step that runs outside CUDA graphs, so it does little
         on the host: no NVTX range (the commit has one) and one frame to the stage."""
@@ -172,7 +167,7 @@ class NworInterceptor:
     def is_staged(self, layer_idx: int) -> bool:
         """Whether layer ``layer_idx``'s drafts are staged, so its attention must not read
         this step's rows from the cache. False outside a step and after a fallback."""
-        return self._step is not None and not self._failed and self.buffer.is_staged(layer_idx)
+        return self._step is not None and not self._failed and self.staged.is_staged(layer_idx)
 
     def commit(self, sampled_token_ids: torch.Tensor) -> None:
         """Writes the accepted staged tokens of every layer; rejected ones are dropped.
@@ -186,24 +181,24 @@ class NworInterceptor:
         step, self._step = self._step, None
         if step is None or self._failed:
             return
-        buffer = self.buffer
-        if not buffer.is_complete():
+        if not self.staged.is_complete():
             if not self._replayed_graph():
                 self._fallbacks[FallbackReason.INCOMPLETE.value] += 1
                 self._write_all_staged(step)
                 return
-            self.graph_steps += 1  # the commit reads every layer's buffer, marked or not
+            self.graph_steps += 1  # the graph staged every layer, marked or not
         verdict = step.verdict(sampled_token_ids, self._committed)
         try:
-            self.commit_fn(buffer, verdict)
+            self.commit_fn(verdict)
         except Exception:
             logger.exception("NWOR: commit failed; committing through vLLM's write path")
             self._fallbacks[FallbackReason.COMMIT_ERROR.value] += 1
             # If vLLM's own write fails too, the error propagates: the engine stops rather than
             # run on a cache that lacks accepted tokens.
-            self._commit_with_plain_writes(buffer, verdict)
+            self.write_back(range(self.staged.num_layers), step.row_stage_index.shape[0],
+                            verdict)
         self._steps += 1
-        self._tokens_staged += buffer.num_tokens
+        self._tokens_staged += self.staged.num_tokens
 
     def discard(self, reason: FallbackReason) -> None:
         """Ends the step without a verdict. Staged drafts are written as vLLM would write them.
@@ -223,8 +218,8 @@ class NworInterceptor:
     def stages_in_graph(self, max_query_len: int) -> bool:
         """Whether a layer call during graph capture (or its warm-up) takes the staged path: a
         batch of more than one token per request, which a verify step may replay."""
-        return (self.capturing and self._step is None and self.stage_fn is not None
-                and self.uploader is not None and max_query_len > 1)
+        return (self.capturing and self._step is None and self.uploader is not None
+                and max_query_len > 1)
 
     def stage_for_graph(
         self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
@@ -232,9 +227,9 @@ class NworInterceptor:
         """The fused stage as a graph captures it, reading the rows to stage at replay time.
 
         In warm-ups and capture vLLM's slot mapping is all -1, so nothing is written here."""
-        assert self.stage_fn is not None and self.uploader is not None  # stages_in_graph
+        assert self.uploader is not None  # stages_in_graph
         rows = self.uploader.rows(slot_mapping.shape[0])
-        self.stage_fn(layer_idx, key, value, slot_mapping, rows, self.buffer)
+        self.stage_fn(layer_idx, key, value, slot_mapping, rows)
         if key.is_cuda and torch.cuda.is_current_stream_capturing():
             self.graph_staging = True
 
@@ -274,7 +269,7 @@ class NworInterceptor:
         value: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Stages the layer's draft rows and writes the rest, or raises ``_Fallback``."""
+        """The backend's stage of the layer, or raises ``_Fallback``."""
         if not (_real(key) and _real(value) and _real(slot_mapping)):
             raise _Fallback(FallbackReason.FAKE_TENSOR)
         step = self._step
@@ -283,18 +278,8 @@ class NworInterceptor:
             self._slot_source = slot_mapping  # first layer: the slot mapping all layers share
         elif slot_mapping is not self._slot_source:
             raise _Fallback(FallbackReason.SLOT_MAPPING)
-        if self.stage_fn is not None:
-            self.stage_fn(layer_idx, key, value, slot_mapping, step.row_stage_index, self.buffer)
-            self.buffer.mark_staged(layer_idx)
-            return
-        rows = step.draft_rows
-        if self._direct_slots is None:
-            direct = slot_mapping.clone()
-            direct[rows] = PAD_SLOT_ID
-            self.buffer.set_slots(slot_mapping[rows])
-            self._direct_slots = direct
-        self.buffer.stage(layer_idx, 0, key[rows], value[rows])
-        self.plain_write(layer_idx, key, value, self._direct_slots)
+        self.stage_fn(layer_idx, key, value, slot_mapping, step.row_stage_index)
+        self.staged.mark_staged(layer_idx)
 
     def _fall_back(self, reason: FallbackReason) -> None:
         """All-or-nothing: every layer staged so far gets vLLM's write of all its drafts now."""
@@ -307,28 +292,11 @@ class NworInterceptor:
     def _replayed_graph(self) -> bool:
         """Whether the step replayed a FULL graph captured with the staged path: no layer ran
         Python, and such a graph stages every layer."""
-        return self.graph_staging and not self.buffer.holds_data()
+        return self.graph_staging and not self.staged.holds_data()
 
     def _write_all_staged(self, step: VerifyStep) -> None:
-        buffer = self.buffer
-        if self.write_back is not None:
-            # A replayed graph staged every layer. (A step is begun in the same execute_model
-            # call as its forward, so after a replayed graph the plan written back is the
-            # step's own.)
-            layers = (range(buffer.num_layers) if self._replayed_graph()
-                      else buffer.layers_with_data())
-            self.write_back(layers, step.row_stage_index.shape[0], None)
-            return
-        for layer_idx in buffer.layers_with_data():
-            key, value = buffer.chunk(layer_idx)
-            self.plain_write(layer_idx, key, value, buffer.staged_slots(layer_idx))
-
-    def _commit_with_plain_writes(self, buffer: StagingBuffer, verdict: Verdict) -> None:
-        if self.write_back is not None:
-            self.write_back(range(buffer.num_layers), verdict.row_stage_index.shape[0], verdict)
-            return
-        slots = verdict.keep(buffer.slot_mapping[: buffer.num_tokens])
-        for layer_idx in range(buffer.num_layers):
-            key, value = buffer.chunk(layer_idx)
-            self.plain_write(layer_idx, key, value, slots)
-        verdict.count()  # after the writes: a commit redone after an error counts once
+        # A replayed graph staged every layer. (A step is begun in the same execute_model call
+        # as its forward, so after a replayed graph the plan written back is the step's own.)
+        layers = (range(self.staged.num_layers) if self._replayed_graph()
+                  else self.staged.layers_with_data())
+        self.write_back(layers, step.row_stage_index.shape[0], None)

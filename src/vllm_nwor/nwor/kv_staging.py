@@ -1,17 +1,16 @@
 """Where a verify step's draft K/V wait for the verdict.
 
-- :class:`StagingBuffer`: the drafts' K/V for every target layer, with the one slot mapping all
-  layers commit through.
 - :data:`StageFn`, :data:`CommitFn`, :data:`WriteBackFn`: a backend's fused stage, commit and
-  write-back, which may keep the drafts elsewhere; :class:`ScratchStaging` keeps them in scratch
-  KV blocks (FLASH_ATTN).
+  write-back, which keep the drafts out of the requests' blocks; :class:`ScratchStaging` keeps
+  them in scratch KV blocks (FLASH_ATTN), ``CpuScratch`` likewise on the CPU
+  (``patches/nwor/cpu_attn.py``).
+- :class:`StagedLayers`: which target layers have staged the step in progress.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from vllm_nwor.nwor.kernels.commit_kv import (
@@ -28,156 +27,70 @@ from vllm_nwor.nwor.verify_step import StagingOverflow
 PAD_SLOT_ID = -1
 """A slot of -1 means "do not write" (vLLM's ``PAD_SLOT_ID``)."""
 
-CommitFn = Callable[["StagingBuffer", Verdict], None]
+CommitFn = Callable[[Verdict], None]
 """Writes the staged tokens the verdict accepted, of every layer, and adds their count to
 ``verdict.committed``. If it raises, it has counted nothing: the interceptor then commits
-through vLLM's write path (which rewrites any layer already written with the same bytes)."""
+through the :data:`WriteBackFn` (which rewrites any row already written with the same bytes)."""
 
-StageFn = Callable[
-    [int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "StagingBuffer"], None
-]
-"""A backend's fused stage: ``(layer_idx, key, value, slot_mapping, row_stage_index, buffer)``.
+StageFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""A backend's fused stage: ``(layer_idx, key, value, slot_mapping, row_stage_index)``.
 
 Keeps the drafts (rows ``r`` with ``row_stage_index[r] >= 0``) of ``key``/``value``, and may
 keep the other rows of their requests, out of the blocks the scheduler gave those requests
 until the commit, and writes the rows it does not keep through ``slot_mapping`` exactly as
-vLLM's own write would. A row whose slot is -1 (padding) is neither kept nor written. Where it
-keeps them is the backend's: the drafts in ``buffer`` (``buffer.key[layer_idx]``,
-``buffer.value[layer_idx]`` and ``buffer.slot_mapping``, at their index), or anywhere, with a
-:data:`WriteBackFn` (FLASH_ATTN: :class:`ScratchStaging`).
+vLLM's own write would. A row whose slot is -1 (padding) is neither kept nor written.
 """
 
 WriteBackFn = Callable[[Sequence[int], int, "Verdict | None"], None]
-"""For a fused stage that keeps drafts outside the staging buffer: ``(layers, num_rows,
-verdict)`` writes, through vLLM's write path, what the stage kept out of the cache for
-``layers`` in the step's ``num_rows`` rows: the rows the verdict accepted (counting the accepted
-drafts into ``verdict.committed``), or without a verdict every row, as vLLM would have written
-them. Every fallback goes through it."""
+"""``(layers, num_rows, verdict)`` writes, through vLLM's write path, what the stage kept out
+of the cache for ``layers`` in the step's ``num_rows`` rows: the rows the verdict accepted
+(counting the accepted drafts into ``verdict.committed``), or without a verdict every row, as
+vLLM would have written them. Every fallback goes through it."""
 
 
-class StagingBuffer:
-    """K/V of one verify step's draft tokens for every target layer, plus one slot mapping.
+class StagedLayers:
+    """Which target layers have staged the verify step in progress, on the host (checking it
+    costs no device sync), and the most draft tokens a step may stage."""
 
-    Slots are per token, not per layer: every layer commits through the same ``slot_mapping``.
-    Tokens are addressed explicitly (``start`` index), so layers may stage in any order and
-    staging the same tokens twice overwrites them. Which (layer, token) pairs hold data is
-    tracked on the host, so checking it costs no device sync.
-    """
-
-    def __init__(
-        self,
-        num_layers: int,
-        max_tokens: int,
-        num_kv_heads: int,
-        head_size: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        *,
-        holds_kv: bool = True,
-    ) -> None:
+    def __init__(self, num_layers: int, max_tokens: int) -> None:
         if num_layers < 1 or max_tokens < 1:
             raise ValueError(
-                f"StagingBuffer needs num_layers >= 1 and max_tokens >= 1, "
+                f"StagedLayers needs num_layers >= 1 and max_tokens >= 1, "
                 f"got num_layers={num_layers}, max_tokens={max_tokens}"
             )
-        # holds_kv=False: a fused stage keeps the drafts elsewhere (WriteBackFn); the buffer
-        # then only tracks the step (its K/V take no memory).
-        shape = (num_layers, max_tokens, num_kv_heads, head_size) if holds_kv else \
-            (num_layers, max_tokens, 0, 0)
-        self.key = torch.zeros(shape, dtype=dtype, device=device)
-        self.value = torch.zeros(shape, dtype=dtype, device=device)
-        self.slot_mapping = torch.full((max_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
-        self._staged = np.zeros((num_layers, max_tokens), dtype=bool)  # by stage()
-        self._dirty = False  # whether stage() stored a token since the last reset
-        self._complete = [False] * num_layers  # by mark_staged(): a list, cheap per layer
+        self.num_layers, self.max_tokens = num_layers, max_tokens
+        self._staged = [False] * num_layers  # a list: cheap per layer
         self.num_tokens = 0
 
-    @property
-    def num_layers(self) -> int:
-        return self.key.shape[0]
-
-    @property
-    def max_tokens(self) -> int:
-        return self.key.shape[1]
-
     def reset(self, num_tokens: int) -> None:
-        """Starts a verify step of ``num_tokens`` tokens. Called once per step, never per layer."""
+        """Starts a verify step of ``num_tokens`` draft tokens. Once per step, never per layer."""
         if not 0 <= num_tokens <= self.max_tokens:
             raise StagingOverflow(
-                f"{num_tokens} draft tokens do not fit a staging buffer of {self.max_tokens}"
+                f"{num_tokens} draft tokens exceed the {self.max_tokens} a step may stage"
             )
-        if self._dirty:  # a fused stage (mark_staged) never sets _staged
-            self._staged[:] = False
-            self._dirty = False
-        self._complete = [False] * self.num_layers
+        self._staged = [False] * self.num_layers
         self.num_tokens = num_tokens
 
-    def set_slots(self, slot_mapping: torch.Tensor) -> None:
-        """Records the step's slots (one per staged token, shared by all layers)."""
-        if slot_mapping.shape != (self.num_tokens,):
-            raise ValueError(
-                f"slot_mapping has shape {tuple(slot_mapping.shape)}, expected ({self.num_tokens},)"
-            )
-        self.slot_mapping[: self.num_tokens].copy_(slot_mapping)
-
-    def stage(self, layer_idx: int, start: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Stores tokens ``[start, start + len(key))`` of layer ``layer_idx``."""
-        n = key.shape[0]
-        if not 0 <= layer_idx < self.num_layers:
-            raise IndexError(f"layer_idx {layer_idx} is outside [0, {self.num_layers})")
-        if start < 0 or start + n > self.num_tokens:
-            raise IndexError(
-                f"tokens [{start}, {start + n}) are outside the step's [0, {self.num_tokens})"
-            )
-        if key.shape != value.shape or key.shape[1:] != self.key.shape[2:]:
-            raise ValueError(
-                f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match the staged "
-                f"[tokens, heads, head_size] = [n, {self.key.shape[2]}, {self.key.shape[3]}]"
-            )
-        self.key[layer_idx, start : start + n].copy_(key)
-        self.value[layer_idx, start : start + n].copy_(value)
-        self._staged[layer_idx, start : start + n] = True
-        self._dirty = self._dirty or n > 0
-
     def mark_staged(self, layer_idx: int) -> None:
-        """Records that a fused stage filled every token of ``layer_idx`` (see ``StageFn``)."""
-        self._complete[layer_idx] = True
+        """Records that the stage took every row of ``layer_idx`` (see :data:`StageFn`)."""
+        self._staged[layer_idx] = True
 
     def is_staged(self, layer_idx: int) -> bool:
-        """Whether every token of the step is staged for ``layer_idx``."""
-        return self._complete[layer_idx] or bool(self._staged[layer_idx, : self.num_tokens].all())
+        return self._staged[layer_idx]
 
     def is_complete(self) -> bool:
-        """Whether every token of the step is staged for every layer."""
-        if all(self._complete):
-            return True
-        return bool(self._filled().all()) if self._dirty else self.num_tokens == 0
+        """Whether every layer staged the step (a step without drafts trivially)."""
+        return self.num_tokens == 0 or all(self._staged)
 
     def holds_data(self) -> bool:
-        """Whether any layer holds a staged token of the step (no array work)."""
-        return self.num_tokens > 0 and (self._dirty or any(self._complete))
+        """Whether any layer staged a draft token of the step."""
+        return self.num_tokens > 0 and any(self._staged)
 
     def layers_with_data(self) -> list[int]:
-        """Layers holding at least one staged token of the step."""
-        return np.flatnonzero(self._filled().any(axis=1)).tolist()
-
-    def _filled(self) -> np.ndarray:
-        """``[layers, num_tokens]``: which staged tokens hold data."""
-        complete = np.array(self._complete)[:, None]
-        return self._staged[:, : self.num_tokens] | complete & (self.num_tokens > 0)
-
-    def staged_slots(self, layer_idx: int) -> torch.Tensor:
-        """The step's slot mapping with the tokens ``layer_idx`` has not staged set to -1."""
-        n = self.num_tokens
-        if self.is_staged(layer_idx):
-            return self.slot_mapping[:n]
-        mask = torch.from_numpy(self._staged[layer_idx, :n].copy()).to(self.slot_mapping.device)
-        return torch.where(mask, self.slot_mapping[:n], PAD_SLOT_ID)
-
-    def chunk(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The staged K/V of ``layer_idx``: ``[num_tokens, num_kv_heads, head_size]`` each."""
-        n = self.num_tokens
-        return self.key[layer_idx, :n], self.value[layer_idx, :n]
+        """The layers that staged the step's draft tokens."""
+        if self.num_tokens == 0:
+            return []
+        return [layer for layer, staged in enumerate(self._staged) if staged]
 
 
 StepMetadata = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -191,7 +104,7 @@ class ScratchStaging:
 
     - ``stage``: in the first layer, one launch plans the step; in every layer, ``write``
       (vLLM's own KV write) through the plan's ``write_slots``, which send each drafting
-      request's rows to its scratch blocks. Nothing is staged in the :class:`StagingBuffer`.
+      request's rows to its scratch blocks.
     - ``commit``: one launch copies every layer's accepted rows to their own slots.
     - ``write_back``: ``write`` again, of the rows read back from the scratch blocks (every
       fallback).
@@ -246,15 +159,14 @@ class ScratchStaging:
         self.planned_for = slot_mapping
 
     def stage(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor,
-              slot_mapping: torch.Tensor, row_stage_index: torch.Tensor,
-              buffer: StagingBuffer) -> None:
+              slot_mapping: torch.Tensor, row_stage_index: torch.Tensor) -> None:
         if layer_idx == 0:
             self.plan(row_stage_index, slot_mapping)
         elif slot_mapping is not self.planned_for:
             raise ValueError(f"layer {layer_idx} stages a step the first layer did not plan")
         self.write(layer_idx, key, value, self.slots)
 
-    def commit(self, buffer: StagingBuffer, verdict: Verdict) -> None:
+    def commit(self, verdict: Verdict) -> None:
         n = verdict.row_stage_index.shape[0]  # the step's rows (a graph pads past them)
         rows = self._rows.get(n)
         if rows is None:  # views made once per row count: decode batches repeat theirs

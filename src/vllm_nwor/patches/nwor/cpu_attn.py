@@ -40,7 +40,7 @@ from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.counters import FallbackReason
 from vllm_nwor.nwor.kernels.commit_kv import PLACEHOLDER_TOKEN_ID, Verdict
 from vllm_nwor.nwor.kernels.scratch import scratch_base
-from vllm_nwor.nwor.kv_staging import CommitFn, StageFn, StagingBuffer, WriteBackFn
+from vllm_nwor.nwor.kv_staging import CommitFn, StageFn, WriteBackFn
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor.binding import (
     refuse_unsupported,
@@ -167,8 +167,7 @@ class CpuScratch:
         self.planned_for = slot_mapping
 
     def stage(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor,
-              slot_mapping: torch.Tensor, row_stage_index: torch.Tensor,
-              buffer: StagingBuffer) -> None:
+              slot_mapping: torch.Tensor, row_stage_index: torch.Tensor) -> None:
         if layer_idx == 0:
             self.plan(slot_mapping, row_stage_index)
         elif slot_mapping is not self.planned_for:
@@ -184,7 +183,7 @@ class CpuScratch:
                              "from")
         return self._metadata
 
-    def commit(self, buffer: StagingBuffer, verdict: Verdict) -> None:
+    def commit(self, verdict: Verdict) -> None:
         self.write_back(range(self.num_layers), verdict.row_stage_index.shape[0], verdict)
 
     def write_back(self, layers: Sequence[int], num_rows: int, verdict: Verdict | None) -> None:

@@ -21,7 +21,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_nwor._logging import get_logger
 from vllm_nwor.config import NworConfigError
 from vllm_nwor.nwor.interceptor import NworInterceptor
-from vllm_nwor.nwor.kv_staging import StagingBuffer
+from vllm_nwor.nwor.kv_staging import StagedLayers
 from vllm_nwor.nwor.verify_step import IndexUploader
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor import cpu_attn, flash_attn
@@ -84,20 +84,17 @@ def bind(runner: GPUModelRunner, profiling: bool = False) -> NworInterceptor | N
 
     stage_fn, commit_fn, write_back = backend.fused_ops(
         layers, sched.max_num_seqs, spec.num_speculative_tokens, sched.max_num_batched_tokens)
-    buffer = StagingBuffer(
-        len(layers), max_tokens, num_kv_heads, head_size, kv_dtype, first.kv_cache.device,
-        holds_kv=write_back is None,
-    )
+    device = first.kv_cache.device
     interceptor = NworInterceptor(
-        buffer,
+        StagedLayers(len(layers), max_tokens),
         plain_write,
-        commit_fn,
-        stage_fn,
+        stage_fn=stage_fn,
+        commit_fn=commit_fn,
+        write_back=write_back,
         kv_bytes_per_token=len(layers) * 2 * num_kv_heads * head_size * kv_dtype.itemsize,
         # Four index arrays, each padded to an even length (_step_indices).
-        uploader=IndexUploader(3 * max_tokens + sched.max_num_batched_tokens + 4,
-                               buffer.key.device),
-        write_back=write_back,
+        uploader=IndexUploader(3 * max_tokens + sched.max_num_batched_tokens + 4, device),
+        device=device,
     )
     for idx, layer in enumerate(layers):
         setattr(layer, BINDING_ATTR, LayerBinding(interceptor, idx, backend.layer_state(layer)))
