@@ -17,7 +17,7 @@ from vllm_nwor.nwor.kernels.commit_kv import Verdict
 
 
 class StagingOverflow(ValueError):
-    """A verify step has more draft tokens than the staging buffer holds."""
+    """A verify step has more draft tokens than a step may stage."""
 
 
 class IndexUploader:
