@@ -58,6 +58,7 @@ from benchmarks.harness.engines import (
     ENV_KEY,
     OUTPUT_LEN,
     PROMPT_LEN,
+    TIME_NWOR_COMMIT,
     TIME_NWOR_HOST,
     agreement,
     alternate,
@@ -141,7 +142,7 @@ def lengths_for(k: int, lengths: list[str]) -> list[float]:
 def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=None,
              profile_batches=(), profile_length=3.0, min_requests=1,
              engine_core_process=False, aa=False, time_nwor_host=False,
-             tensor_parallel_size=1, progress=None) -> dict:
+             tensor_parallel_size=1, progress=None, time_commit=False) -> dict:
     """One engine pair (and its A/A control): every cell, then the profiles. ``progress``, if
     given, gets the record so far after each cell (the same shape, ``"partial": True``).
     With :func:`own_lengths`: one length, the engines' own (``engine_kwargs``)."""
@@ -156,7 +157,9 @@ def run_pair(target, draft, method, k, lengths, batches, reps, baseline_mode=Non
         "on": engine_kwargs(target, draft, method, k, True, max(batches), memory=memory,
                             tensor_parallel_size=tp, length=own_length)}
     if time_nwor_host:
-        configs["on"][ENV_KEY] = {TIME_NWOR_HOST: "1"}
+        configs["on"].setdefault(ENV_KEY, {})[TIME_NWOR_HOST] = "1"
+    if time_commit:
+        configs["on"].setdefault(ENV_KEY, {})[TIME_NWOR_COMMIT] = "1"
     if aa:  # a second plugin-off engine, alike in every way: the A/A spread of a cell
         configs["off_b"] = engine_kwargs(target, draft, method, k, False, max(batches),
                                          baseline_mode, memory, tp, own_length)
@@ -287,6 +290,8 @@ def summarise(method, k, L, batch, results) -> dict:
         "reps": len(on),
         "requests_per_run": len(on[0]["tokens"]),
         **nwor_host(on),
+        **({"nwor_commit_gpu_us_reps": [r["nwor_commit_gpu_us"] for r in on]}
+           if any(r.get("nwor_commit_gpu_us") for r in on) else {}),
         **a_over_a(results),
     }
 
@@ -468,6 +473,10 @@ def main() -> None:
     parser.add_argument("--time-nwor-host", action="store_true",
                         help="time NWOR's host work per step outside the layers in the on "
                         "engine (nwor_host_* in each cell; engine core in-process only)")
+    parser.add_argument("--time-commit", action="store_true",
+                        help="time NWOR's commit on the GPU with CUDA events around its launch "
+                        "in the on engine (nwor_commit_gpu_us_reps in each cell; engine core "
+                        "in-process, one GPU; the events add host work: not for the ratios)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="every engine at this tensor-parallel size (that many GPUs each, "
                         "the same ones for all engines)")
@@ -483,6 +492,9 @@ def main() -> None:
             parser.error("--pool needs --result (the JSON file to write)")
         write_pooled(args.pool, args.result)
         return
+    if (args.engine_core_process or args.tensor_parallel_size > 1) and args.time_commit:
+        parser.error("--time-commit reads the model runner in the engine's process: not with "
+                     "--engine-core-process or --tensor-parallel-size above 1")
     if args.engine_core_process and (args.profile_batches or args.time_nwor_host):
         parser.error("--profile-batches and --time-nwor-host need the engine core in-process")
     if args.tensor_parallel_size < 1:
@@ -516,7 +528,7 @@ def main() -> None:
                     args.baseline_cudagraph_mode, args.profile_batches, args.profile_L,
                     args.min_requests, args.engine_core_process, args.aa,
                     args.time_nwor_host, args.tensor_parallel_size,
-                    progress if partial else None))
+                    progress if partial else None, time_commit=args.time_commit))
     if partial is not None:
         partial.unlink(missing_ok=True)  # every record is in the jsonl
 

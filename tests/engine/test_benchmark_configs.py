@@ -210,6 +210,21 @@ def test_result_files_keep_their_structure_a_line_an_item_and_the_rest_compact()
     assert not loose, f"result files not written with harness.results.write_json: {loose}"
 
 
+def test_commit_times_are_read_from_their_event_pairs_and_forgotten():
+    engines = importlib.import_module("benchmarks.harness.engines")
+
+    class Event:  # torch.cuda.Event's elapsed_time, in ms
+        def __init__(self, ms: float) -> None:
+            self.ms = ms
+
+        def elapsed_time(self, end: "Event") -> float:
+            return end.ms - self.ms
+
+    pairs = [(Event(0.0), Event(ms)) for ms in (0.004, 0.005, 0.25, 0.006)]
+    assert engines.commit_gpu_us(pairs) == {"count": 4, "median": 5.5, "p90": 6.0}
+    assert pairs == [] and engines.commit_gpu_us(pairs) is None
+
+
 def test_gc_pauses_are_recorded_from_then_on():
     import gc
 
