@@ -217,7 +217,7 @@ def test_commit_times_are_read_from_their_event_pairs_and_forgotten():
         def __init__(self, ms: float) -> None:
             self.ms = ms
 
-        def elapsed_time(self, end: "Event") -> float:
+        def elapsed_time(self, end: Event) -> float:
             return end.ms - self.ms
 
     pairs = [(Event(0.0), Event(ms)) for ms in (0.004, 0.005, 0.25, 0.006)]
