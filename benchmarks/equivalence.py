@@ -155,11 +155,13 @@ def cases(on_cuda: bool) -> list[Case]:
                 why="EAGLE-3 on the V2 runner at tensor_parallel_size=2, prompts of 300-700 "
                 "tokens over a 256-token budget" + why))
     if not on_cuda:  # vLLM's CPU engine at TP 2: two worker processes, one core each
-        rows.append(Case(
-            "tp2_long_prompts_draft_model", model=model, tensor_parallel_size=2,
-            workload="long_prompts_small", engine=dict(block_size=32, max_model_len=1024),
+        rows += [Case(
+            f"tp2_long_prompts_{method}{suffix}", method=method, model=model,
+            tensor_parallel_size=2, workload="long_prompts_small",
+            engine=dict(block_size=32, max_model_len=1024, **off),
             why="tensor_parallel_size=2, 12 prompts of 150-400 tokens over the 128-token budget: "
-            "prefilled in chunks beside verify steps; block size 32 for prefix-cache hits"))
+            "prefilled in chunks beside verify steps; block size 32 for prefix-cache hits" + why)
+            for method in ("draft_model", "ngram") for suffix, off, why in CACHING]
     rows.append(Case("structured_output", model={"shipped": True}, structured=True,
                      engine=dict(max_model_len=256),
                      why="the shipped pair: a tokenizer (for grammars and stop strings) and a "
@@ -572,6 +574,7 @@ def run_engine(spec: dict) -> dict:
             "attention": type(attention_layers(runner.get_model())[0].impl).__name__,
         }
         verify_steps, hits_beside_verify = steps.verify_steps, steps.hits_beside_verify
+        prefill_beside_verify = steps.prefill_beside_verify
         audit = None if audit is None else {
             "violations": audit.violations[:10], "num_violations": len(audit.violations),
             "rejected_drafts": audit.rejected_drafts, "checked_tokens": audit.checked_tokens}
@@ -584,6 +587,7 @@ def run_engine(spec: dict) -> dict:
                      "gpus": [r["worker"]["device"] for r in ranks]}
         verify_steps, hits_beside_verify = (worker.get("verify_steps", 0),
                                             worker.get("hits_beside_verify", 0))
+        prefill_beside_verify = worker.get("prefill_beside_verify", 0)
         audit = combined_audit(ranks)
     result = {
         "outputs": outputs,
@@ -594,6 +598,7 @@ def run_engine(spec: dict) -> dict:
         "counters": None if counters is None else counters.as_dict(),
         "verify_steps": verify_steps,
         "hits_beside_verify": hits_beside_verify,
+        "prefill_beside_verify": prefill_beside_verify,
         "settings": settings,
         "audit": audit,
     }
@@ -822,6 +827,7 @@ def run_case(case: Case, paths: tuple[str, str], on_cuda: bool, run=probe,
                 "preemptions": off["preemptions"]},
         "preemptions": on["preemptions"], "prefix_cache_hits": on["prefix_cache_hits"],
         "verify_steps": on["verify_steps"], "hits_beside_verify": on["hits_beside_verify"],
+        "prefill_beside_verify": on["prefill_beside_verify"],
         "audit": on["audit"],
     }
     if case.tensor_parallel_size > 1:

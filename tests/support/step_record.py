@@ -85,19 +85,24 @@ def token_agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 class StepRecorder:
-    """Counts, per step, what the equivalence matrix claims to exercise: steps with drafts, and
+    """Counts, per step, what the equivalence matrix claims to exercise: steps with drafts,
     steps in which a request starts from prefix-cache hits while another request verifies
-    drafts."""
+    drafts, and steps in which a request is scheduled more tokens than a decode with its drafts
+    (a prompt chunk) while another verifies drafts."""
 
     def __init__(self, runner) -> None:
-        self.verify_steps = self.hits_beside_verify = 0
+        self.verify_steps = self.hits_beside_verify = self.prefill_beside_verify = 0
         execute_model = runner.execute_model
 
         def recording(scheduler_output, *args, **kwargs):
-            if scheduler_output.scheduled_spec_decode_tokens:
+            drafts = scheduler_output.scheduled_spec_decode_tokens
+            if drafts:
                 self.verify_steps += 1
                 if any(r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs):
                     self.hits_beside_verify += 1
+                if any(n > 1 + len(drafts.get(req_id, ()))
+                       for req_id, n in scheduler_output.num_scheduled_tokens.items()):
+                    self.prefill_beside_verify += 1
             return execute_model(scheduler_output, *args, **kwargs)
 
         runner.execute_model = recording
@@ -138,4 +143,5 @@ class WorkerRecord:
             "nwor_graph_steps": None if interceptor is None else interceptor.graph_steps,
             "verify_steps": self.steps.verify_steps,
             "hits_beside_verify": self.steps.hits_beside_verify,
+            "prefill_beside_verify": self.steps.prefill_beside_verify,
         }
