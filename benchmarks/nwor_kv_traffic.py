@@ -195,13 +195,14 @@ def read_report(ncu: str, report: Path) -> list[dict]:
     rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):])))
     header, body = rows[0], rows[2:]  # the second row holds the units
     name = header.index("Kernel Name")
+    columns = [(header.index(metric), field, scale) for metric, (field, scale) in METRICS.items()]
     launches = []
     for row in body:
         if len(row) != len(header):
             continue
         launch = {"name": row[name]}
-        for metric, (field, scale) in METRICS.items():
-            value = row[header.index(metric)].replace(",", "")
+        for column, field, scale in columns:
+            value = row[column].replace(",", "")
             launch[field] = float(value) * scale if value not in ("", "n/a") else None
         launches.append(launch)
     return launches
@@ -226,6 +227,11 @@ def summarize(launches: list[dict], key=family) -> dict:
     return families
 
 
+def kv_total(families: dict, field: str) -> float:
+    """The KV kernels' (:data:`KV_FAMILIES`) sum of ``field``."""
+    return sum(f.get(field, 0) for name, f in families.items() if name in KV_FAMILIES)
+
+
 def split_windows(launches: list[dict], count: int) -> list[list[dict]]:
     """The launches of each window, each starting at its marker."""
     starts = [i for i, launch in enumerate(launches) if MARKER in launch["name"]]
@@ -241,10 +247,8 @@ def cell(window: dict, launches: list[dict], pass_: str) -> dict:
     if window["drafted"]:
         cell["acceptance_measured"] = round(window["accepted"] / window["drafted"], 4)
     if pass_ == "kv" and tokens:
-        written = sum(f.get("l2_write_bytes", 0) for n, f in families.items() if n in KV_FAMILIES)
-        cell["kv_bytes_written_per_token"] = round(written / tokens)
-        cell["kv_kernels_ns_per_step"] = round(sum(
-            f.get("ns", 0) for n, f in families.items() if n in KV_FAMILIES) / window["steps"])
+        cell["kv_bytes_written_per_token"] = round(kv_total(families, "l2_write_bytes") / tokens)
+        cell["kv_kernels_ns_per_step"] = round(kv_total(families, "ns") / window["steps"])
     if pass_ == "nodes":
         cell["kernels"] = summarize(launches, key=kernel_name)
     if pass_ in ("step", "nodes"):
@@ -296,8 +300,7 @@ def ratio(on, off):
 
 def kv_sum(cell: dict, field: str) -> int:
     """A kv cell's KV kernels' ``field`` per step."""
-    total = sum(f.get(field, 0) for n, f in cell["families"].items() if n in KV_FAMILIES)
-    return round(total / cell["steps"])
+    return round(kv_total(cell["families"], field) / cell["steps"])
 
 
 def nodes_difference(off: dict, on: dict, top: int = 12) -> dict:

@@ -468,9 +468,9 @@ def engine_main(conn, kwargs: dict) -> None:
             "scv_policy_us_per_step": None if scv_host is None or not step_seconds else round(
                 1e6 * (scv_host["seconds"] - scv_host_before["seconds"]) / len(step_seconds),
                 2),
-            # NWOR's host work per step outside the layers (time_nwor_host), in microseconds
             # NWOR's commit on the GPU, as served (time_nwor_commit)
             "nwor_commit_gpu_us": None if commits is None else commit_gpu_us(commits),
+            # NWOR's host work per step outside the layers (time_nwor_host), in microseconds
             "nwor_host_us_per_step": None if nwor_host is None or not step_seconds else round(
                 1e6 * (nwor_host["seconds"] - nwor_host_before["seconds"]) / len(step_seconds),
                 2),

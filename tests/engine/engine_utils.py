@@ -77,7 +77,8 @@ def generate(llm: LLM, prompts=PROMPTS, max_tokens: int = 40) -> list[list[int]]
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def generate_with_logprobs(llm: LLM, prompts=PROMPTS, max_tokens: int = 40) -> tuple[list, list]:
+def generate_with_logprobs(llm: LLM, prompts=PROMPTS,
+                           max_tokens: int = 40) -> tuple[list, list, list]:
     """Greedy tokens and each one's logprob, per prompt, and the outputs themselves."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

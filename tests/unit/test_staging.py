@@ -18,6 +18,7 @@ import torch
 from vllm_nwor.nwor.counters import FallbackReason
 from vllm_nwor.nwor.interceptor import NworInterceptor
 from vllm_nwor.nwor.kernels._common import HAS_TRITON, next_power_of_2, triton
+from vllm_nwor.nwor.kernels.commit_kv import copy_rows_reference
 from vllm_nwor.nwor.kernels.scratch import scratch_blocks
 from vllm_nwor.nwor.kv_staging import PAD_SLOT_ID, ScratchStaging, StagedLayers
 from vllm_nwor.nwor.verify_step import IndexUploader, StagingOverflow, VerifyStep
@@ -289,13 +290,8 @@ def test_commit_failure_at_layer_l_falls_back_with_the_cache_correct(fail_at):
     def failing_commit(verdict):
         staging = staging_of(interceptor)
         rows = verdict.row_stage_index.shape[0]
-        accepted = verdict.keep_rows(staging.commit_slots[:rows])
-        for layer_idx in range(fail_at):
-            keep = accepted >= 0
-            cache.key[layer_idx, accepted[keep]] = cache.key[layer_idx,
-                                                             staging.write_slots[:rows][keep]]
-            cache.value[layer_idx, accepted[keep]] = cache.value[
-                layer_idx, staging.write_slots[:rows][keep]]
+        copy_rows_reference(staging.key_caches, staging.value_caches, staging.write_slots[:rows],
+                            verdict.keep_rows(staging.commit_slots[:rows]), range(fail_at))
         raise RuntimeError("injected commit failure")
 
     interceptor = make_interceptor(cache, commit_fn=failing_commit)
