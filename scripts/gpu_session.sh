@@ -24,15 +24,15 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (vLLM 0.32): where NWOR's extra GPU time a step goes (every kernel under ncu, batch 8
-# and 32, where NWOR's overhead with EAGLE-3 is 2%), that overhead again beside its A/A (each
-# run's steps split from its wall time), the commit's GPU time as served (CUDA events), the 8B
+# The plan (vLLM 0.32): NWOR's overhead with EAGLE-3 (2% at batch 8 and 32) again beside its
+# A/A, each run's steps split from its wall time; the commit's GPU time as served (CUDA events);
+# where NWOR's extra GPU time a step goes (every kernel under ncu, batch 8 and 32); the 8B
 # pressure rows of the equivalence matrix, the soak, the single-GPU matrix; then the TP 2 cases
 # on two GPUs. The GPU tests (an engine pair a case, over an hour) last.
 stream0() {
-  step kv_nodes nwor_kv_traffic --pass nodes --acceptance 0.7 --batches 8 32
   step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 2 --aa
   step commit_e3 nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 1 --time-commit
+  step kv_nodes nwor_kv_traffic --pass nodes --acceptance 0.7 --batches 8 32
   step eq_pressure equivalence --models /tmp/m0 --cases \
     pressure_8b_ngram_in_process,aa_pressure_8b_ngram_in_process,neg_pressure_8b_ngram_in_process
   step soak soak --seconds 120
