@@ -762,8 +762,9 @@ FIRST_STEPS = 6
 
 def step_summary(durations: list[float]) -> dict | None:
     """A run's engine steps: how many, their median and their 10%-trimmed mean, their total,
-    and the first :data:`FIRST_STEPS` (the prefill, which the median leaves out), in ms. The
-    total beside the run's wall time says how much of it was spent outside the steps."""
+    the first :data:`FIRST_STEPS` (the prefill, which the median leaves out), and all of them in
+    order, in ms. The total beside the run's wall time says how much of it was spent outside the
+    steps; the list says in which steps a side's extra time is."""
     if not durations:
         return None
     ordered = sorted(durations)
@@ -772,7 +773,8 @@ def step_summary(durations: list[float]) -> dict | None:
     return {"steps": len(ordered), "median": round(1e3 * statistics.median(ordered), 4),
             "trimmed_mean": round(1e3 * statistics.fmean(kept), 4),
             "total": round(1e3 * sum(durations), 3),
-            "first": [round(1e3 * d, 3) for d in durations[:FIRST_STEPS]]}
+            "first": [round(1e3 * d, 3) for d in durations[:FIRST_STEPS]],
+            "all": [round(1e3 * d, 3) for d in durations]}
 
 
 def record_gc_pauses(at_least_ms: float = 1.0) -> list:
