@@ -102,6 +102,8 @@ def test_staged_step_commits_only_accepted_drafts(step_kv):
     counters = interceptor.counters()
     assert counters.fallbacks == {}
     assert (counters.tokens_committed, counters.tokens_rejected) == (3, 2)
+    # Read without waiting (a serving engine's metrics): the commit's copy has landed by now.
+    assert interceptor.counters(wait=False) == counters
 
 
 def test_buffer_too_small_falls_back(step_kv):

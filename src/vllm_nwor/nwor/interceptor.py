@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from vllm_nwor._logging import get_logger
-from vllm_nwor.nwor.counters import FallbackReason, NworCounters
+from vllm_nwor.nwor.counters import CommittedReadback, FallbackReason, NworCounters
 from vllm_nwor.nwor.kv_staging import CommitFn, StagedLayers, StageFn, WriteBackFn
 from vllm_nwor.nwor.verify_step import IndexUploader, VerifyStep
 
@@ -87,6 +87,9 @@ class NworInterceptor:
         self._steps = 0
         self._tokens_staged = 0
         self._committed = torch.zeros((), dtype=torch.int64, device=device)
+        # On CUDA the host reads the count from copies made after each commit (counters(wait=
+        # False)); elsewhere the count is host memory already.
+        self._readback = CommittedReadback() if self._committed.is_cuda else None
         self._fallbacks: Counter[str] = Counter()
         self.capturing = False  # set by the runner while vLLM captures its CUDA graphs
         self.graph_staging = False  # a captured CUDA graph holds the staged path
@@ -199,6 +202,8 @@ class NworInterceptor:
                             verdict)
         self._steps += 1
         self._tokens_staged += self.staged.num_tokens
+        if self._readback is not None:
+            self._readback.after_commit(self._committed, self._steps, self._tokens_staged)
 
     def discard(self, reason: FallbackReason) -> None:
         """Ends the step without a verdict. Staged drafts are written as vLLM would write them.
@@ -246,14 +251,23 @@ class NworInterceptor:
         self._steps = self._tokens_staged = self.graph_steps = 0
         self._committed.zero_()
         self._fallbacks.clear()
+        if self._readback is not None:
+            self._readback.reset()
 
-    def counters(self) -> NworCounters:
-        """A snapshot (reads one device scalar)."""
-        committed = int(self._committed.item())
-        rejected = self._tokens_staged - committed
+    def counters(self, *, wait: bool = True) -> NworCounters:
+        """A snapshot. ``wait``: read the device's committed count now, which waits for every
+        step queued on the GPU. Without it (a serving engine's metrics) the token counts are
+        those of the newest commit the host has seen land (:class:`CommittedReadback`): every
+        step whose outputs the engine has, not the steps still running."""
+        if wait or self._readback is None:
+            steps, staged, committed = (self._steps, self._tokens_staged,
+                                        int(self._committed.item()))
+        else:
+            steps, staged, committed = self._readback.latest()
+        rejected = staged - committed
         return NworCounters(
-            verify_steps_staged=self._steps,
-            tokens_staged=self._tokens_staged,
+            verify_steps_staged=steps,
+            tokens_staged=staged,
             tokens_committed=committed,
             tokens_rejected=rejected,
             rejected_kv_bytes=rejected * self.kv_bytes_per_token,

@@ -9,10 +9,11 @@ from vllm_nwor.patches.nwor.binding import interceptor_of
 
 
 def _nwor_counters(_missing):
-    def nwor_counters(self) -> dict | None:
-        """This worker's NWOR counters as a dict, or None when NWOR is off."""
+    def nwor_counters(self, wait: bool = True) -> dict | None:
+        """This worker's NWOR counters as a dict, or None when NWOR is off. ``wait=False``
+        does not wait for the GPU (``NworInterceptor.counters``)."""
         interceptor = interceptor_of(getattr(self, "model_runner", None))
-        return None if interceptor is None else interceptor.counters().as_dict()
+        return None if interceptor is None else interceptor.counters(wait=wait).as_dict()
 
     return nwor_counters
 

@@ -158,7 +158,9 @@ def _nwor_counter_reader(engine_core: EngineCore, telemetry: SpecTelemetry):
         if executor is None:
             return None
         try:
-            return combine_rank_counters(executor.collective_rpc("nwor_counters"))
+            # Not waiting for the GPU: the counts of every step whose outputs the engine has.
+            return combine_rank_counters(
+                executor.collective_rpc("nwor_counters", kwargs={"wait": False}))
         except Exception:
             logger.warning(
                 "vllm-nwor: reading NWOR counters from the workers failed; NWOR metrics stop "
