@@ -566,6 +566,8 @@ def run_engine(spec: dict) -> dict:
         "block_size": block_size,
         "runner": "V2" if config.use_v2_model_runner else "V1",
         "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+        # the KV cache in blocks where a case sets it (NWOR's side: its scratch blocks too)
+        "num_gpu_blocks_override": config.cache_config.num_gpu_blocks_override,
     }
     if runner is not None:
         settings |= {

@@ -300,7 +300,7 @@ MIN_REQUESTS_WAIT = 8
 
 def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: int,
          clients: int, max_model_len: int, cuda: bool, synthetic: bool, k: int,
-         seed: int = 0, min_requests: int = 0) -> dict:
+         seed: int = 0, min_requests: int = 0, ranks: int = 1, pressure: bool = False) -> dict:
     """Runs the traffic against a ready server for ``seconds``, and on until ``min_requests``
     have ended (a slow or shared machine) but at most ``MIN_REQUESTS_WAIT`` times
     ``seconds``; returns the run's tally and checks."""
@@ -341,19 +341,42 @@ def soak(server, model: str, audit_dir: Path, *, seconds: float, max_requests: i
     monitor.join()
     monitor.check()  # the final state against the last periodic scrape
     statuses = read_status(audit_dir)
-    return judge(tally, monitor, final, statuses, traffic_seconds, k)
+    return judge(tally, monitor, final, statuses, traffic_seconds, k, ranks, pressure)
+
+
+TOKEN_COUNTERS = ("verify_steps_staged", "tokens_staged", "tokens_committed", "tokens_rejected",
+                  "fallbacks")
 
 
 def judge(tally: Tally, monitor: Monitor, final: dict, statuses: list[dict],
-          traffic_seconds: float, k: int) -> dict:
+          traffic_seconds: float, k: int, ranks: int = 1, pressure: bool = False) -> dict:
+    """The run's tally and checks. ``statuses``: every audited worker's, one per
+    tensor-parallel rank (``ranks``); each rank's cache and counters are checked, and every
+    rank must have counted what the first did. ``pressure``: the run must have preempted."""
     failed: list[str] = []
     violations = monitor.num_violations
     if monitor.num_violations:
         failed.append(f"counters went down: {monitor.violations[:3]}")
-    if len(statuses) != 1:
-        failed.append(f"expected one audited worker, found {len(statuses)}")
+    if len(statuses) != ranks:
+        failed.append(f"expected {ranks} audited worker(s), found {len(statuses)}")
         violations += 1
+    statuses = sorted(statuses, key=lambda s: s.get("worker", {}).get("tp_rank", 0))
     audit = statuses[0] if statuses else {}
+    for other in statuses[1:]:
+        rank = other.get("worker", {}).get("tp_rank")
+        for kind in ("cache", "counter"):
+            if other.get(f"{kind}_violations"):
+                violations += other[f"{kind}_violations"]
+                failed.append(f"rank {rank}'s {kind} audit: "
+                              f"{other[f'{kind}_violation_samples'][:3]}")
+        for key in ("drafted", "accepted", "counters"):
+            ours, first = other.get(key), audit.get(key)
+            if key == "counters" and ours and first:  # tokens; each rank has its heads' bytes
+                ours, first = ({name: c.get(name) for name in TOKEN_COUNTERS}
+                               for c in (ours, first))
+            if ours != first:
+                violations += 1
+                failed.append(f"rank {rank}'s {key} {ours} != rank 0's {first}")
     vllm_stats = {"drafted": total(final, "vllm:spec_decode_num_draft_tokens_total"),
                   "accepted": total(final, "vllm:spec_decode_num_accepted_tokens_total"),
                   "prefix_cache_hits": total(final, "vllm:prefix_cache_hits_total"),
@@ -386,6 +409,9 @@ def judge(tally: Tally, monitor: Monitor, final: dict, statuses: list[dict],
             violations += 1
             failed.append(f"{what}: the worker's {ours} vs vLLM's {theirs}, beyond the {ended} "
                           f"that requests ending mid-step explain")
+    if pressure and not vllm_stats["preemptions"]:
+        violations += 1
+        failed.append("no preemption under KV pressure")
     memory = {"resident": grew(monitor.memory, "rss", *MEMORY_GROWTH_ALLOWED),
               "cuda_allocated": grew(audit.get("memory", []), "cuda_allocated", 0.0,
                                      CUDA_GROWTH_ALLOWED)}
@@ -404,6 +430,9 @@ def judge(tally: Tally, monitor: Monitor, final: dict, statuses: list[dict],
         "steps": audit.get("steps"), "verify_steps": audit.get("verify_steps"),
         "rejected": audit.get("rejected"), "checked_tokens": audit.get("checked_tokens"),
         "scrapes": monitor.scrapes, "memory": memory,
+        "ranks": [{key: st.get(key) for key in ("drafted", "accepted", "checked_tokens",
+                                                  "cache_violations", "counter_violations")}
+                  | {"tp_rank": st.get("worker", {}).get("tp_rank")} for st in statuses],
     }
 
 
@@ -421,6 +450,8 @@ class Setup:
     scv: dict
     k: int = 3
     speculative: dict = field(default_factory=dict)  # vLLM's own speculative keys beside k
+    ranks: int = 1  # tensor_parallel_size
+    pressure: bool = False  # a KV cache small enough to preempt
 
 
 def cpu_setup(root: Path) -> Setup:
@@ -442,7 +473,10 @@ def cpu_setup(root: Path) -> Setup:
     return Setup(target, draft, args, env, 256, cuda=False, synthetic=False, scv=scv)
 
 
-def gpu_setup(root: Path) -> Setup:
+def gpu_setup(root: Path, tensor_parallel_size: int = 1, pressure: bool = False) -> Setup:
+    """The Llama-3-8B shape with a two-layer draft, vLLM's defaults but for what a run is
+    about: ``tensor_parallel_size``; ``pressure``, a KV cache that preempts and a token budget
+    that prefills long prompts in chunks beside verify steps."""
     from benchmarks.harness.engines import LLAMA3_8B
     from tests.support.served_model import CHAT_TEMPLATE, write_byte_tokenizer
 
@@ -460,9 +494,17 @@ def gpu_setup(root: Path) -> Setup:
     # tokenizer has no template.
     args = ("--load-format", "dummy", "--max-model-len", "2048", "--seed", "0",
             "--chat-template", CHAT_TEMPLATE)
+    if tensor_parallel_size > 1:
+        args += ("--tensor-parallel-size", str(tensor_parallel_size))
+    if pressure:
+        # 64 sequences keep NWOR's scratch blocks few (64 x 2); 640 blocks leave 512 (8,192
+        # tokens) to 48 clients' prompts of up to 1.5k tokens, so requests are preempted; a
+        # 1,024-token budget prefills longer prompts in chunks beside verify steps.
+        args += ("--max-num-seqs", "64", "--num-gpu-blocks-override", "640",
+                 "--max-num-batched-tokens", "1024")
     synthetic = {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
     return Setup(*paths, args, {}, 2048, cuda=True, synthetic=False, scv={}, k=4,
-                 speculative=synthetic)
+                 speculative=synthetic, ranks=tensor_parallel_size, pressure=pressure)
 
 
 def plugin_config(setup: Setup, name: str) -> dict:
@@ -498,7 +540,8 @@ def traffic_on(setup: Setup, name: str, server, audit_dir: Path, started: float,
         server.wait_ready(started + 600)
         startup = time.monotonic() - started
         result = soak(server, setup.model, audit_dir, max_model_len=setup.max_model_len,
-                      cuda=setup.cuda, k=setup.k, synthetic=setup.synthetic, **traffic)
+                      cuda=setup.cuda, k=setup.k, synthetic=setup.synthetic,
+                      ranks=setup.ranks, pressure=setup.pressure, **traffic)
         if server.process.poll() is not None:
             result["errors"] += 1
             result["checks_failed"].append(f"server exited: {server.tail()}")
@@ -528,6 +571,9 @@ def main() -> None:
     parser.add_argument("--configs", default="nwor,nwor+scv")
     parser.add_argument("--negative-control", action="store_true",
                         help="also one server with the plugin's NWOR off: the audit must fail")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPU only")
+    parser.add_argument("--pressure", action="store_true",
+                        help="GPU only: KV pressure (preemptions) and chunked prefill")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     import torch
@@ -536,11 +582,13 @@ def main() -> None:
 
     on_cuda = torch.cuda.is_available()
     root = Path(tempfile.mkdtemp(prefix="nwor-soak-"))
-    setup = gpu_setup(root) if on_cuda else cpu_setup(root)
+    setup = gpu_setup(root, args.tensor_parallel_size, args.pressure) if on_cuda else \
+        cpu_setup(root)
     clients = args.clients or (48 if on_cuda else 6)
     env = environment()
     where = "gpu" if on_cuda else "cpu"
-    out = args.out or HERE / "results" / f"soak_{env['date']}_{where}.json"
+    gpus = f"x{setup.ranks}" if setup.ranks > 1 else ""
+    out = args.out or HERE / "results" / f"soak_{env['date']}_{where}{gpus}.json"
     names = args.configs.split(",")
     seconds = [float(x) for x in args.seconds.split(",")]
     seconds += seconds[-1:] * (len(names) - len(seconds))

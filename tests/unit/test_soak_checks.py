@@ -117,3 +117,32 @@ def test_monitor_counts_a_refused_scrape_as_an_error_and_a_timeout_as_slow(failu
     monitor.run()
     assert (monitor.slow_scrapes, monitor.errors) == ((1, 0) if slow else (0, 1))
     assert monitor.error_samples and "/metrics" in monitor.error_samples[0]
+
+
+def rank_status(rank: int, committed: int = 30, cache_violations: int = 0) -> dict:
+    return {"drafted": 90, "accepted": 30, "rejected": 60,
+            "counters": {"tokens_staged": 90, "tokens_committed": committed,
+                         "rejected_kv_bytes": 60 * 64},  # each rank: its own heads' bytes
+            "cache_violations": cache_violations, "counter_violations": 0,
+            "cache_violation_samples": ["a rejected row in a request's block"],
+            "memory": [], "worker": {"tp_rank": rank}}
+
+
+def judged_ranks(statuses: list[dict], ranks: int = 2, preemptions: float = 3.0) -> dict:
+    final = final_scrape(90, 30, 30)
+    final[("vllm:num_preemptions_total", ())] = ("counter", preemptions)
+    monitor = soak.Monitor(SimpleNamespace())
+    return soak.judge(soak.Tally(), monitor, final, statuses, traffic_seconds=1.0, k=3,
+                      ranks=ranks, pressure=True)
+
+
+def test_every_rank_is_audited_and_counts_what_the_first_did():
+    assert judged_ranks([rank_status(1), rank_status(0)])["violations"] == 0
+    assert judged_ranks([rank_status(0)])["violations"] == 1  # a rank's audit is missing
+    assert judged_ranks([rank_status(0), rank_status(1, cache_violations=2)])["violations"] == 2
+    assert judged_ranks([rank_status(0), rank_status(1, committed=29)])["violations"] == 1
+
+
+def test_a_pressure_run_must_preempt():
+    result = judged_ranks([rank_status(0), rank_status(1)], preemptions=0.0)
+    assert result["checks_failed"] == ["no preemption under KV pressure"]
