@@ -7,6 +7,9 @@
 # the other, all GPUs at once, each with its own compile caches. Every step writes
 # /tmp/out/<step>.jsonl and .log and a <step>.done marker (a rerun skips finished steps); a
 # later call copies /tmp/out back. Streams are in priority order for machines of fewer GPUs.
+# To stop a plan, kill its shell and then the GPU's processes by PID
+# (nvidia-smi --query-compute-apps=pid --format=csv,noheader): vLLM renames its engine
+# processes (VLLM::EngineCore), so a match on "python" misses them and their memory stays held.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=/tmp/out
@@ -24,26 +27,23 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (vLLM 0.32): NWOR's overhead with EAGLE-3 (2% at batch 8 and 32) again beside its
-# A/A, each run's steps split from its wall time; the commit's GPU time as served (CUDA events);
-# where NWOR's extra GPU time a step goes (every kernel under ncu, batch 8 and 32); the 8B
-# pressure rows of the equivalence matrix, the soak, the single-GPU matrix; then the TP 2 cases
-# on two GPUs. The GPU tests (an engine pair a case, over an hour) last.
+# The plan (vLLM 0.32): NWOR's overhead with EAGLE-3 again, every step timed, now that its
+# metrics no longer wait for the GPU (the target: 0.99 beside the A/A); the soak; the whole
+# single-GPU matrix; the GPU tests. On two GPUs, stream 1 runs beside stream 0, then the TP 2
+# cases and the soak at TP 2 under KV pressure with chunked prefill.
 stream0() {
-  step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 2 --aa
-  step commit_e3 nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 1 --time-commit
-  step kv_nodes nwor_kv_traffic --pass nodes --acceptance 0.7 --batches 8 32
-  step eq_pressure equivalence --models /tmp/m0 --cases \
-    pressure_8b_ngram_in_process,aa_pressure_8b_ngram_in_process,neg_pressure_8b_ngram_in_process
+  step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 1.5 2.5 3.5 --batches 8 32 --reps 2 --aa
   step soak soak --seconds 120
-  step eq_1gpu equivalence --models /tmp/m0
   step gpu_tests tests
+}
+stream1() {
+  step eq_1gpu equivalence --models /tmp/m0
 }
 after() {
   step eq_tp2 equivalence --models /tmp/m0 --cases \
     tp2_draft_model,tp2_ngram,tp2_long_prompts_eagle3,tp2_wide_prompts_8b_ngram_in_process
+  step soak_tp2 soak --seconds 120 --configs nwor --tensor-parallel-size 2 --pressure
 }
-
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
 for g in $(seq 0 $((gpus - 1))); do
