@@ -32,12 +32,14 @@ that traffic).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 
 import numpy as np
 
 from vllm_nwor.scv import ChunkPolicy, ScvSettings, SpecChunk, StepCostModel
+from vllm_nwor.scv.survival import PositionAcceptance, StepTable, plan_chunks
 
 OUTPUT_LEN = 128
 PROMPT_LEN = 128
@@ -70,6 +72,34 @@ def step_seconds(n: int, tokens: int, budget: int, uniform: bool, rng: np.random
     return ms * 1e-3 * float(rng.lognormal(0.0, noise))
 
 
+@functools.cache
+def profiled_table(n: int, varlen_graphs: bool) -> StepTable:
+    """What a start-up profile would find at ``n`` requests: :func:`step_seconds` without
+    noise, by drafting depth and by tokens up to every request's drafts and prompt (the
+    ``survival`` and ``av`` policies)."""
+    rng = np.random.default_rng(0)
+    plain = step_seconds(n, n, 0, True, rng, 0.0)
+    draft = np.array([step_seconds(n, n, d, True, rng, 0.0) - plain
+                      for d in range(MAX_CHUNK + 1)])
+    verify = np.array([step_seconds(n, t, 0, varlen_graphs or t == n, rng, 0.0)
+                       for t in range(n * (1 + MAX_CHUNK + PROMPT_LEN) + 1)])
+    return StepTable(draft=draft, verify=verify)
+
+
+def survival_sizes(name: str, acceptance: PositionAcceptance, req_ids: list[str],
+                   live: dict, varlen_graphs: bool) -> np.ndarray:
+    """``survival``: every request's chunk from :func:`plan_chunks` over the profiled table.
+    ``av``: as vLLM's adaptive verification chooses a budget: the drafter always proposes
+    ``MAX_CHUNK``, so its cost is the same whatever is verified, and only the verify budget is
+    chosen (its acceptance estimates here are the same per-position verdicts)."""
+    table = profiled_table(len(req_ids), varlen_graphs)
+    if name == "av":
+        table = StepTable(draft=np.full(MAX_CHUNK + 1, table.draft[MAX_CHUNK]), verify=table.verify)
+    limits = np.array([max(live[r][1] - 1, 0) for r in req_ids])
+    plain = len(req_ids) + sum(live[r][3] for r in req_ids)
+    return plan_chunks(acceptance.survival(req_ids), table, plain, limits)
+
+
 def catch_up_seconds(positions: int) -> float:
     """The lazy draft sync's catch-up before a drafting step (draft_model): a 2-layer draft
     of the 8B shape over ``positions`` skipped positions, in passes of at most 8,192 tokens
@@ -82,7 +112,7 @@ def catch_up_seconds(positions: int) -> float:
 
 def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: int,
              noise: float, warm_batches: list[int], async_scheduling: bool = True,
-             policy: ChunkPolicy | None = None) -> dict:
+             policy: ChunkPolicy | None = None, varlen_graphs: bool = False) -> dict:
     """One policy's run. With ``async_scheduling`` (as the GPU benchmarks run every policy)
     SCV plans each step before it has observed the last one's verdicts and time, as the
     scheduler patch does: vLLM schedules step N+1 before step N's output comes. SCV starts
@@ -94,6 +124,7 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
     counts_before = list(policy.budget_counts) if policy is not None else []
     fixed = 0 if policy_name == "no_spec" else (
         int(policy_name.removeprefix("fixed_k")) if policy_name.startswith("fixed_k") else None)
+    survival = PositionAcceptance(MAX_CHUNK, 16) if policy_name in ("survival", "av") else None
     by_rate = None  # "by_rate_<high>_<low>": the true rate's chunk, high for rates of 1/2 and up
     if policy_name.startswith("by_rate_"):
         by_rate = tuple(int(c) for c in policy_name.removeprefix("by_rate_").split("_"))
@@ -124,7 +155,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
 
     while live:
         req_ids = list(live)
-        if by_rate is not None:
+        if survival is not None:
+            sizes = survival_sizes(policy_name, survival, req_ids, live, varlen_graphs)
+        elif by_rate is not None:
             sizes = np.array([by_rate[0] if live[r][0] >= 0.5 else by_rate[1] for r in req_ids])
         elif policy is None:
             sizes = np.full(len(req_ids), fixed)
@@ -144,7 +177,9 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
                 pending = None
         prefill = sum(live[r][3] for r in req_ids)
         tokens, budget = len(req_ids) + int(sizes.sum()) + prefill, int(sizes.max(initial=0))
-        uniform = bool(sizes.min() == budget) and not prefill
+        uniform = (bool(sizes.min() == budget) or varlen_graphs) and not prefill
+        if policy_name == "av":  # the drafter proposes every draft, whatever is verified
+            budget = MAX_CHUNK
         step = step_seconds(len(req_ids), tokens, budget, uniform, rng, noise, prefill)
         positions = 0
         if policy is not None:
@@ -171,11 +206,19 @@ def simulate(policy_name: str, rates: list[float], batch: int, load: int, seed: 
             made = min(1 + accepted, left)
             tokens_out += made
             live[req_id][1] = left - made
+        if survival is not None:
+            if chunks:
+                survival.observe_many([c[0] for c in chunks],
+                                      np.array([len(c[1]) for c in chunks]),
+                                      np.array([c[3] for c in chunks]))
+            survival.tick()
         seconds += step
         steps += 1
         finished = [r for r, state in live.items() if state[1] <= 0]
         for req_id in finished:
             del live[req_id]
+            if survival is not None:
+                survival.forget(req_id)
             if admitted < total:
                 admit()
         if policy is not None:
@@ -237,6 +280,12 @@ def main() -> None:
                              "scv_bench.py; by default each cell starts a fresh one")
     parser.add_argument("--noise", type=float, default=0.05,
                         help="sigma of the step time's lognormal noise")
+    parser.add_argument("--survival", action="store_true",
+                        help="also the survival plan over a profiled table (survival) and a "
+                             "budget-only choice as vLLM's adaptive verification makes it (av)")
+    parser.add_argument("--varlen-graphs", action="store_true",
+                        help="decode batches of unequal chunks replay FULL graphs (vLLM 0.32's "
+                             "V2 runner), for every policy")
     args = parser.parse_args()
     others = ["no_spec"] + [f"fixed_k{k}" for k in (1, 2, 3, 4, 6, 8)]
     cells = []
@@ -246,10 +295,13 @@ def main() -> None:
         for batch in args.batches:
             tok_s = {}
             choices = []
-            for name in [*others, *(["scv_unpriced"] if args.unpriced else []), "scv"]:
+            extra = (["scv_unpriced"] if args.unpriced else []) + (
+                ["av", "survival"] if args.survival else [])
+            for name in [*others, *extra, "scv"]:
                 runs = [simulate(name, WORKLOADS[workload], batch, args.load, seed,
                                  args.noise, args.batches, not args.sync_scheduling,
-                                 carried.get(seed) if name == "scv" else None)
+                                 carried.get(seed) if name == "scv" else None,
+                                 args.varlen_graphs)
                         for seed in range(args.seeds)]
                 tok_s[name] = round(statistics.mean(r["tok_s"] for r in runs), 1)
                 if name.startswith("scv"):
@@ -261,6 +313,9 @@ def main() -> None:
             if args.unpriced:
                 cells[-1]["scv_unpriced_over_best_other"] = round(
                     tok_s["scv_unpriced"] / tok_s[best], 3)
+            if args.survival:
+                for name in ("av", "survival"):
+                    cells[-1][f"{name}_over_best_other"] = round(tok_s[name] / tok_s[best], 3)
             if args.by_rate:
                 by_rate = {name: statistics.mean(
                     simulate(name, WORKLOADS[workload], batch, args.load, seed, args.noise,

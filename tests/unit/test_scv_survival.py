@@ -51,18 +51,44 @@ def test_limits_cap_each_requests_chunk():
     assert chunks.tolist() == [0, 1, 3]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_plan_is_the_best_of_every_plan(seed):
+def random_case(seed: int):
     rng = np.random.default_rng(seed)
     n, k = int(rng.integers(1, 4)), int(rng.integers(1, 4))
     survival = np.cumprod(rng.uniform(0.0, 1.0, (n, k)), axis=1)
     step = StepTable(draft=np.concatenate(([0.0], np.cumsum(rng.uniform(0, 0.3, k)))),
-                     verify=np.maximum.accumulate(1.0 + rng.uniform(0, 0.2, 32).cumsum()))
-    plain = n + int(rng.integers(0, 4))  # prompt chunks beside the decoding requests
+                     verify=np.maximum.accumulate(1.0 + rng.uniform(0, 0.2, 64).cumsum()))
+    return rng, n, k, survival, step
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_decoding_step_gets_the_plan_of_the_highest_rate_of_all(seed):
+    _, n, k, survival, step = random_case(seed)
+    chunks = plan_chunks(survival, step, n)
+    best = max(value(c, survival, step, n) for c in itertools.product(range(k + 1), repeat=n))
+    assert value(chunks, survival, step, n) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_step_with_prompts_gets_the_most_tokens_less_the_steady_rates_worth_of_its_seconds(
+        seed):
+    rng, n, k, survival, step = random_case(seed)
+    plain = n + int(rng.integers(1, 30))  # prompt chunks beside the decoding requests
+    plans = list(itertools.product(range(k + 1), repeat=n))
+    rate = max(value(c, survival, step, n) for c in plans)  # the requests decoding alone
+
+    def net(chunks):
+        made = n + sum(survival[i, :c].sum() for i, c in enumerate(chunks))
+        return made - rate * float(step.seconds(max(chunks), plain + sum(chunks)))
+
     chunks = plan_chunks(survival, step, plain)
-    best = max(value(c, survival, step, plain)
-               for c in itertools.product(range(k + 1), repeat=n))
-    assert value(chunks, survival, step, plain) == pytest.approx(best, rel=1e-12)
+    assert net(chunks) == pytest.approx(max(map(net, plans)), rel=1e-9, abs=1e-12)
+
+
+def test_prompts_beside_do_not_make_drafts_free():
+    survival = survival_of([[0.7] * 4] * 8)
+    step = table(4, per_pass=1.0, per_token=0.02)  # drafting does not pay while decoding
+    assert plan_chunks(survival, step, 8).tolist() == [0] * 8
+    assert plan_chunks(survival, step, 8 + 200).tolist() == [0] * 8  # nor beside 200 prompt
 
 
 def test_a_chunk_is_accepted_up_to_its_first_rejection_and_unseen_after():
@@ -73,7 +99,7 @@ def test_a_chunk_is_accepted_up_to_its_first_rejection_and_unseen_after():
     prior = 20.5 / 21  # the pool's, at position 1, worth one observation
     assert rates[0] == pytest.approx((20 + prior) / 21)
     assert rates[1] / rates[0] < 0.05
-    # position 3 was never verified: its rate is the pool's (nothing seen there: 1/2)
+    # position 3 was never verified: its rate is the pool's over all positions (20 of 40)
     assert rates[2] / rates[1] == pytest.approx(0.5)
 
 

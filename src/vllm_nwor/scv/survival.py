@@ -8,6 +8,10 @@ passes up to the longest chunk plus the target's forward over the step's tokens
 (:class:`StepTable`, from a start-up profile). :func:`plan_chunks` chooses every request's
 chunk at once, chunk 0 (plain decoding) included, to maximise the batch's expected tokens per
 second of that step.
+
+Not wired to the engine: SCV's scheduler runs :class:`vllm_nwor.scv.ChunkPolicy`.
+``python -m benchmarks.tools.scv_sim --survival --varlen-graphs`` compares the two in a
+simulated engine.
 """
 
 from __future__ import annotations
@@ -40,14 +44,19 @@ def plan_chunks(survival: np.ndarray, table: StepTable, plain_tokens: int,
 
     ``survival[i, j]``: the probability that request ``i``'s draft ``j + 1`` is accepted,
     non-increasing along ``j``. ``plain_tokens``: the step's tokens without drafts (one per
-    decoding request, beside any prompt chunks). ``limits``: each request's largest chunk
-    (tokens it may still generate, less one); None: ``k``.
+    decoding request, and any prompt chunks beside them). ``limits``: each request's largest
+    chunk (tokens it may still generate, less one); None: ``k``.
 
     For a drafting depth ``D``, the best plan that verifies ``B`` drafts takes the ``B`` draft
     slots of highest survival among positions up to ``D``: a request's survival falls along its
-    positions, so they are a prefix of each request's. Its value is ``(n + the B highest
-    survivals) / (draft[D] + verify[plain_tokens + B])``; every ``(D, B)`` is valued, ``D = 0``
-    being plain decoding, and the best wins.
+    positions, so they are a prefix of each request's. A plan makes ``n + the B highest
+    survivals`` tokens in ``draft[D] + verify[plain_tokens + B]`` seconds. The rate to beat,
+    ``r``, is that of the best plan for the same requests decoding alone (``plain_tokens = n``:
+    the engine's steady rate, as the table prices it), and the plan that makes the most tokens
+    less what its seconds would make at ``r`` wins (every ``(D, B)`` is valued, ``D = 0`` being
+    plain decoding). Without prompt chunks that is the plan of the highest rate; with them, a
+    step's own seconds would make drafts look nearly free, and valued by its own rate such a
+    step drafted every request to the full depth.
     """
     n, k = survival.shape
     if n == 0:
@@ -60,20 +69,32 @@ def plan_chunks(survival: np.ndarray, table: StepTable, plain_tokens: int,
     order = order[allowed.ravel()[order]]
     slot_position = np.broadcast_to(positions, (n, k)).ravel()[order]
     slot_survival = survival.ravel()[order]
-    best_value, best_depth, best_budget = n / table.seconds(0, plain_tokens), 0, 0
-    for depth in range(1, k + 1):
-        within = slot_position <= depth  # the slots a drafting depth of ``depth`` reaches
-        budgets = np.arange(1, int(within.sum()) + 1)
-        if not len(budgets):
-            break
-        reached = np.cumsum(slot_survival[within])
-        values = (n + reached) / table.seconds(depth, plain_tokens + budgets)
-        i = int(np.argmax(values))
-        if values[i] > best_value:
-            best_value, best_depth, best_budget = float(values[i]), depth, int(budgets[i])
+
+    def best(plain: int, rate: float | None) -> tuple[float, int, int]:
+        """(value, depth, budget) of the best plan: by tokens per second (``rate`` None), or
+        by tokens less ``rate`` times seconds."""
+        def value(made, seconds):
+            return made / seconds if rate is None else made - rate * seconds
+
+        chosen = (value(n, table.seconds(0, plain)), 0, 0)
+        for depth in range(1, k + 1):
+            within = slot_position <= depth  # the slots a drafting depth of ``depth`` reaches
+            if not within.any():
+                break
+            budgets = np.arange(1, int(within.sum()) + 1)
+            values = value(n + np.cumsum(slot_survival[within]),
+                           table.seconds(depth, plain + budgets))
+            i = int(np.argmax(values))
+            if values[i] > chosen[0]:
+                chosen = (float(values[i]), depth, int(budgets[i]))
+        return chosen
+
+    _, depth, budget = best(plain_tokens, None)
+    if plain_tokens != n:
+        _, depth, budget = best(plain_tokens, best(n, None)[0])
     chunks = np.zeros(n, dtype=int)
-    if best_budget:
-        slots = order[slot_position <= best_depth][:best_budget]
+    if budget:
+        slots = order[slot_position <= depth][:budget]
         np.maximum.at(chunks, slots // k, slots % k + 1)
     return chunks
 
@@ -86,11 +107,13 @@ class PositionAcceptance:
     ``a < c``, a rejection at position ``a + 1``; positions past it are not seen. Counts decay by
     ``1 - 1/window`` every step (:meth:`tick`), verified or not, so a request at chunk 0 drifts
     back to the prior and is tried again. The prior at each position is the engine's recent
-    verdicts there, pooled over requests (forgetting per verify step), worth one observation.
+    verdicts there, pooled over requests (forgetting per verify step), worth one observation,
+    with the pool's rate over all positions worth one verdict in it.
     """
 
-    def __init__(self, max_chunk: int, window: int) -> None:
+    def __init__(self, max_chunk: int, window: int, prior_weight: float = 1.0) -> None:
         self.k = max_chunk
+        self.prior_weight = prior_weight
         self.decay = 1.0 - 1.0 / window
         self._step = 0
         columns = {f"{kind}{j}": 0.0 for j in range(max_chunk) for kind in ("acc", "rej")}
@@ -130,6 +153,9 @@ class PositionAcceptance:
         """``[len(req_ids), k]``: each request's probability that its draft at each position is
         accepted (the running product of its conditional rates)."""
         accepted, rejected = self._counts(self._table.rows(req_ids))
-        prior = (self._pool[0] + 0.5) / (self._pool.sum(0) + 1.0)  # Jeffreys on an empty pool
-        rates = (accepted + prior) / (accepted + rejected + 1.0)
+        # The pool's rate at each position, with its rate over all positions worth one verdict
+        # there (a position no chunk has reached yet is priced as the others are, not at 1/2).
+        overall = (self._pool[0].sum() + 0.5) / (self._pool.sum() + 1.0)
+        prior = (self._pool[0] + overall) / (self._pool.sum(0) + 1.0)
+        rates = (accepted + self.prior_weight * prior) / (accepted + rejected + self.prior_weight)
         return np.cumprod(rates, axis=1)
