@@ -319,7 +319,7 @@ def test_overhead_cell_compares_each_repetitions_median_step():
     # 10 steps: the trimmed mean leaves out the slowest and the fastest
     assert summary([0.1] + [0.001] * 8 + [0.0005]) == {
         "steps": 10, "median": 1.0, "trimmed_mean": 1.0, "total": 108.5,
-        "first": [100.0, 1.0, 1.0, 1.0, 1.0, 1.0]}
+        "first": [100.0, 1.0, 1.0, 1.0, 1.0, 1.0], "all": [100.0] + [1.0] * 8 + [0.5]}
 
     def run(step_ms: list[float]) -> dict:
         return {"tokens": [[1, 2, 3, 4]] * 2, "seconds": 1.0, "itl_median": 0.1,
