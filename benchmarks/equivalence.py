@@ -162,6 +162,14 @@ def cases(on_cuda: bool) -> list[Case]:
             why="tensor_parallel_size=2, 12 prompts of 150-400 tokens over the 128-token budget: "
             "prefilled in chunks beside verify steps; block size 32 for prefix-cache hits" + why)
             for method in ("draft_model", "ngram") for suffix, off, why in CACHING]
+        rows += [Case(
+            f"tp2_long_prompts_eagle3{suffix}", method="eagle3", k=3,
+            model={"bigram_eagle3": True, **GPU_SHAPES["hd64_gqa2"]},
+            tensor_parallel_size=2, workload="long_prompts_small",
+            engine=dict(block_size=32, max_model_len=1024, **off),
+            why="EAGLE-3 (the bigram pair's head, on the CPU's V1 runner) at "
+            "tensor_parallel_size=2, prompts over the 128-token budget beside verify steps" + why)
+            for suffix, off, why in CACHING]
     rows.append(Case("structured_output", model={"shipped": True}, structured=True,
                      engine=dict(max_model_len=256),
                      why="the shipped pair: a tokenizer (for grammars and stop strings) and a "

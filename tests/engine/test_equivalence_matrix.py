@@ -25,7 +25,8 @@ RUN = ["defaults_draft_model", "defaults_ngram", "preemption", "block_size_32_k5
 
 UNDER_LOAD = ["pressure_ngram", "pressure_draft_model_no_prefix_caching",
               "tp2_long_prompts_draft_model", "tp2_long_prompts_draft_model_no_prefix_caching",
-              "tp2_long_prompts_ngram", "tp2_long_prompts_ngram_no_prefix_caching"]
+              "tp2_long_prompts_ngram", "tp2_long_prompts_ngram_no_prefix_caching",
+              "tp2_long_prompts_eagle3", "tp2_long_prompts_eagle3_no_prefix_caching"]
 
 
 @pytest.fixture(scope="module")
