@@ -193,3 +193,31 @@ def test_scv_acceptance_lengths_add_up_to_the_schedulers_counts(scv_runs):
         lengths = run["acceptance"]
         assert all(isinstance(r, list) for r in lengths), name
         assert sum(map(sum, lengths)) == run["accepted"], name
+
+
+# -- vLLM's adaptive verification beside the plugin --------------------------------------------
+
+
+def test_vllms_adaptive_verification_runs_with_eagle3_beside_the_plugins_telemetry(
+        models, tmp_path):
+    """vLLM's adaptive verification (``enable_adaptive_verification``: V2 runner, FULL graphs)
+    with EAGLE-3, the bigram pair's head (real partial acceptance, greedy), the plugin installed
+    with its telemetry on (NWOR and SCV are refused beside it). It is what SCV must beat; this
+    checks that it runs here at all. Greedy output within vLLM's own spread between k = 3 and
+    k = 1, at most k drafts verified a request, and each request's acceptance lengths adding up
+    to vLLM's accepted count."""
+    target, head = models["eagle3"]
+
+    def run(k: int = K, **keys):
+        return probe(tmp_path, {"target": target, "draft": head, "method": "eagle3",
+                                "speculative": {"num_speculative_tokens": k, **keys}}, v2=True)
+
+    fixed, fixed1 = run(), run(1)
+    adaptive = run(enable_adaptive_verification=True, nwor_telemetry=True)
+    assert adaptive["runner"] == "vllm.v1.worker.gpu.model_runner"
+    spread = agreement(fixed1["tokens"], fixed["tokens"])
+    assert agreement(adaptive["tokens"], fixed["tokens"]) >= min(spread, 1.0)
+    assert 0 < adaptive["accepted"] < adaptive["drafted"], "real partial acceptance"
+    lengths = adaptive["acceptance"]
+    assert sum(map(sum, lengths)) == adaptive["accepted"]
+    assert adaptive["drafted"] <= K * sum(map(len, lengths))
