@@ -34,9 +34,8 @@ the policies of its own group and reports the smallest ratio.
 
 Every engine runs with async scheduling: vLLM 0.26 supported it with draft_model but left it off by
 default, and without it every speculative policy pays the scheduler's CPU time on top of each step
-while plain decoding does not. On vLLM 0.32 a GPU runs draft_model and ngram on the V2 runner, where
-``synthetic_acceptance_per_request`` is refused at start-up; this benchmark does not set
-``VLLM_USE_V2_MODEL_RUNNER=0`` and has not run on 0.32.
+while plain decoding does not. On vLLM 0.32 a GPU runs draft_model and ngram on the V2 runner;
+this benchmark has not run on 0.32.
 
 ``batch`` is the number of requests in flight. By default the run serves ``4 * batch`` requests
 (``--load-multiple``) keeping ``batch`` in flight (a new request starts when one finishes:

@@ -196,8 +196,7 @@ RUNNER_CASES = [
       for keys, refused in [({"nwor": True}, None), ({"nwor_telemetry": True}, None),
                             ({"nwor": True, "scv": "adaptive"}, None)]],
     ("draft_model", {"draft_context_window": 64}, "'draft_context_window': 64"),
-    ("draft_model", {"synthetic_acceptance_per_request": True},
-     "'synthetic_acceptance_per_request': True"),
+    ("draft_model", {"synthetic_acceptance_per_request": True}, None),
 ]
 
 
@@ -205,8 +204,8 @@ RUNNER_CASES = [
 @pytest.mark.parametrize("method, keys, v2_refuses", RUNNER_CASES)
 def test_each_runner_and_method_pair_is_served_or_refused(tiny_models, tmp_path, monkeypatch,
                                                           runner, method, keys, v2_refuses):
-    """NWOR, SCV and telemetry serve both of vLLM's runners; the draft context window and the
-    benchmarks' per-request synthetic acceptance need V1. The CPU engine has no V2 runner, so
+    """NWOR, SCV, telemetry and the benchmarks' per-request synthetic acceptance serve both of
+    vLLM's runners; the draft context window needs V1. The CPU engine has no V2 runner, so
     the config is built here and then checked as vLLM would see it with
     ``VLLM_USE_V2_MODEL_RUNNER`` set (vLLM reads it whenever it is asked)."""
     from vllm.engine.arg_utils import EngineArgs

@@ -6,7 +6,8 @@ speculative-config keys, plugin keys included), ``engine`` (extra LLM keyword ar
 ``prompts`` (token lists; default PROMPTS), ``max_tokens``, ``draft_model_max_positions`` (a
 copy of the draft told it handles that many positions), ``draft_pass_every_step`` (keep vLLM's
 draft pass on chunk-0 steps: lazy draft sync off), ``sampling`` (SamplingParams keys over the
-greedy default), ``v2`` (the engine must run vLLM's V2 model runner: EAGLE, EAGLE-3 and MTP on a
+greedy default), ``rates`` (per-request synthetic acceptance rates, one per prompt in turn),
+``v2`` (the engine must run vLLM's V2 model runner: EAGLE, EAGLE-3 and MTP on a
 dense model do by default; the test sets ``VLLM_USE_V2_MODEL_RUNNER=0`` for V1).
 
 Methods: ngram, ngram_gpu, draft_model, eagle and eagle3 (``draft`` is the head), mtp (the
@@ -106,6 +107,11 @@ def main(spec: dict, out_path: str) -> None:
     params = SamplingParams(**{"max_tokens": spec.get("max_tokens", 40), "temperature": 0.0,
                                "ignore_eos": True, **spec.get("sampling", {})})
     prompts = spec.get("prompts", PROMPTS)
+    if spec.get("rates"):  # per-request synthetic acceptance, one rate per prompt in turn
+        rates = spec["rates"]
+        params = [params.clone() for _ in prompts]
+        for i, p in enumerate(params):
+            p.extra_args = {"synthetic_acceptance_rate": rates[i % len(rates)]}
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     policy = policy_of(llm)
     again = None

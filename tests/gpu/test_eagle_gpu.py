@@ -221,3 +221,26 @@ def test_vllms_adaptive_verification_runs_with_eagle3_beside_the_plugins_telemet
     lengths = adaptive["acceptance"]
     assert sum(map(sum, lengths)) == adaptive["accepted"]
     assert adaptive["drafted"] <= K * sum(map(len, lengths))
+
+
+def test_per_request_synthetic_acceptance_on_the_v2_runner(models, tmp_path):
+    """The benchmarks' per-request synthetic acceptance on the V2 runner, with NWOR: EAGLE-3
+    with vLLM's synthetic rejection sampling at full acceptance, every other request at rate 0
+    and the rest at 1. Requests at 0 accept no draft, those at 1 every draft (but where
+    ``max_tokens`` cut the last step); the audit finds NWOR's counters equal to the thinned
+    verdicts and no rejected draft in a request's blocks."""
+    target, head = models["eagle3"]
+    run = probe(tmp_path, {
+        "target": target, "draft": head, "method": "eagle3", "audit": True,
+        "rates": [0.0, 1.0], "prompts": PROMPTS,
+        "speculative": {"num_speculative_tokens": K, "rejection_sample_method": "synthetic",
+                        "synthetic_acceptance_length": K + 1.0, "nwor": True,
+                        "synthetic_acceptance_per_request": True}}, v2=True)
+    lengths = run["acceptance"]
+    assert all(n == 0 for n in (n for r in lengths[0::2] for n in r)), lengths[0::2]
+    assert all(n == K for r in lengths[1::2] for n in r[:-1]), lengths[1::2]
+    assert sum(map(sum, lengths)) == run["accepted"] > 0
+    audit, counters = run["audit"], run["counters"]
+    assert audit["num_violations"] == 0, audit["violations"]
+    assert (counters["tokens_staged"], counters["tokens_committed"]) == (
+        audit["drafted"], audit["accepted"])

@@ -67,7 +67,7 @@ def take_plugin_keys(engine_args: EngineArgs) -> NworConfig:
     return config
 
 
-V1_RUNNER_ONLY = frozenset({"draft_context_window", "synthetic_acceptance_per_request"})
+V1_RUNNER_ONLY = frozenset({"draft_context_window"})
 """The plugin's keys that need vLLM's V1 model runner (the rest serve the V2 runner too)."""
 
 

@@ -10,7 +10,8 @@ requests run at chunk 0 (decode without drafts). Telemetry takes it for its chun
 histogram; absent without SCV."""
 
 ONE_VERDICT_ATTR = "_nwor_one_verdict"
-"""Set on a V1 ``SamplerOutput`` once :func:`one_verdict` has broadcast it."""
+"""Set on a ``SamplerOutput`` once :func:`one_verdict` (V1) or :func:`one_verdict_v2` has
+broadcast it."""
 
 
 def one_verdict(sampler_output) -> None:
@@ -29,4 +30,26 @@ def one_verdict(sampler_output) -> None:
     if group.world_size > 1:
         sampled = sampler_output.sampled_token_ids.contiguous()
         sampler_output.sampled_token_ids = group.broadcast(sampled, src=0)
+    sampler_output.__dict__[ONE_VERDICT_ATTR] = True
+
+
+def one_verdict_v2(sampler_output, num_sampled, num_rejected) -> None:
+    """:func:`one_verdict` for the V2 runner, whose verdict is the sampled ids with each
+    request's counts of sampled and rejected tokens: the three tensors are broadcast from the
+    first rank, packed, and copied in place (``num_sampled`` and ``num_rejected`` are the
+    tensors the caller returns), once per step however many features ask."""
+    if sampler_output.__dict__.get(ONE_VERDICT_ATTR):
+        return
+    group = get_tp_group()
+    if group.world_size > 1:
+        import torch
+
+        sampled = sampler_output.sampled_token_ids
+        width = sampled.shape[1]
+        packed = torch.cat([sampled.to(torch.int64), num_sampled.to(torch.int64).unsqueeze(1),
+                            num_rejected.to(torch.int64).unsqueeze(1)], dim=1)
+        packed = group.broadcast(packed, src=0)
+        sampled.copy_(packed[:, :width])
+        num_sampled.copy_(packed[:, width])
+        num_rejected.copy_(packed[:, width + 1])
     sampler_output.__dict__[ONE_VERDICT_ATTR] = True

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import torch
 import vllm.v1.worker.gpu_worker as gpu_worker
-from vllm.distributed import get_tp_group
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
 
 from vllm_nwor.config import NworConfigError
 from vllm_nwor.patches._patch import Patch
 from vllm_nwor.patches.nwor.binding import interceptor_of, wrap_capture_model
 from vllm_nwor.patches.nwor.model_runner import begin_verify_step, bind
+from vllm_nwor.patches.shared import one_verdict_v2
 
 PLACEHOLDER = -1  # what the commit's verdict reads as "no token here" (V1's padding)
 
@@ -80,32 +80,16 @@ def verdict_ids(sampled: torch.Tensor, num_sampled: torch.Tensor) -> torch.Tenso
     return torch.where(positions < num_sampled.unsqueeze(1), sampled, PLACEHOLDER)
 
 
-def _one_verdict(sampled: torch.Tensor, num_sampled: torch.Tensor,
-                 num_rejected: torch.Tensor) -> None:
-    """Under tensor parallelism, every rank takes the first rank's verdict, in place (see the V1
-    runner's ``_one_verdict``): one broadcast of the three tensors, packed."""
-    group = get_tp_group()
-    if group.world_size == 1:
-        return
-    width = sampled.shape[1]
-    packed = torch.cat([sampled.to(torch.int64), num_sampled.to(torch.int64).unsqueeze(1),
-                        num_rejected.to(torch.int64).unsqueeze(1)], dim=1)
-    packed = group.broadcast(packed, src=0)
-    sampled.copy_(packed[:, :width])
-    num_sampled.copy_(packed[:, width])
-    num_rejected.copy_(packed[:, width + 1])
-
-
 def _wrap_sample(sample):
     def wrapper(self, hidden_states, input_batch, grammar_output):
         sampler_output, num_sampled, num_rejected = sample(
             self, hidden_states, input_batch, grammar_output)
         interceptor = interceptor_of(self)
         if interceptor is not None and input_batch.num_draft_tokens:  # same on every rank
-            sampled = sampler_output.sampled_token_ids
-            _one_verdict(sampled, num_sampled, num_rejected)
+            # Under tensor parallelism every rank commits the first rank's verdict.
+            one_verdict_v2(sampler_output, num_sampled, num_rejected)
             if interceptor.step is not None:
-                interceptor.commit(verdict_ids(sampled, num_sampled))
+                interceptor.commit(verdict_ids(sampler_output.sampled_token_ids, num_sampled))
         return sampler_output, num_sampled, num_rejected
 
     return wrapper
