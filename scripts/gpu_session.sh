@@ -29,12 +29,13 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
 
 # The plan (vLLM 0.32): NWOR's overhead with EAGLE-3 again, every step timed, now that its
 # metrics no longer wait for the GPU (the target: 0.99 beside the A/A); whether vLLM's adaptive
-# verification runs with EAGLE-3 here (what SCV must beat); the soak; the whole
+# verification runs with EAGLE-3 here (what SCV must beat) and the per-request synthetic
+# acceptance on the V2 runner (the mixed traffic SCV's benchmark needs); the soak; the whole
 # single-GPU matrix; the GPU tests. On two GPUs, stream 1 runs beside stream 0, then the TP 2
 # cases and the soak at TP 2 under KV pressure with chunked prefill.
 stream0() {
   step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 1.5 2.5 3.5 --batches 8 32 --reps 2 --aa
-  step av_e3 tests tests/gpu/test_eagle_gpu.py -k adaptive_verification
+  step v2_e3 tests tests/gpu/test_eagle_gpu.py -k "adaptive_verification or per_request_synthetic"
   step soak soak --seconds 120
   step gpu_tests tests
 }
