@@ -2,6 +2,7 @@
 features' patches do alike, so that the feature packages (``nwor/``, ``scv/``, ``telemetry/``)
 never import each other."""
 
+import torch
 from vllm.distributed import get_tp_group
 
 CHUNK_ZERO_ATTR = "_nwor_chunk_zero_requests"
@@ -42,8 +43,6 @@ def one_verdict_v2(sampler_output, num_sampled, num_rejected) -> None:
         return
     group = get_tp_group()
     if group.world_size > 1:
-        import torch
-
         sampled = sampler_output.sampled_token_ids
         width = sampled.shape[1]
         packed = torch.cat([sampled.to(torch.int64), num_sampled.to(torch.int64).unsqueeze(1),

@@ -111,9 +111,8 @@ class PositionAcceptance:
     with the pool's rate over all positions worth one verdict in it.
     """
 
-    def __init__(self, max_chunk: int, window: int, prior_weight: float = 1.0) -> None:
+    def __init__(self, max_chunk: int, window: int) -> None:
         self.k = max_chunk
-        self.prior_weight = prior_weight
         self.decay = 1.0 - 1.0 / window
         self._step = 0
         columns = {f"{kind}{j}": 0.0 for j in range(max_chunk) for kind in ("acc", "rej")}
@@ -157,5 +156,5 @@ class PositionAcceptance:
         # there (a position no chunk has reached yet is priced as the others are, not at 1/2).
         overall = (self._pool[0].sum() + 0.5) / (self._pool.sum() + 1.0)
         prior = (self._pool[0] + overall) / (self._pool.sum(0) + 1.0)
-        rates = (accepted + self.prior_weight * prior) / (accepted + rejected + self.prior_weight)
+        rates = (accepted + prior) / (accepted + rejected + 1.0)
         return np.cumprod(rates, axis=1)
