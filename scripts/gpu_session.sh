@@ -27,25 +27,34 @@ step() {  # step NAME WHAT ARGS...: one scripts/gpu_suite.sh run, skipped once d
   echo "=== $name end $(date +%T) rc=$(cat "$OUT/$name.done")"
 }
 
-# The plan (vLLM 0.32): NWOR's overhead with EAGLE-3 again, every step timed, now that its
-# metrics no longer wait for the GPU (the target: 0.99 beside the A/A); whether vLLM's adaptive
-# verification runs with EAGLE-3 here (what SCV must beat) and the per-request synthetic
-# acceptance on the V2 runner (the mixed traffic SCV's benchmark needs); the soak; the whole
-# single-GPU matrix; the GPU tests. On two GPUs, stream 1 runs beside stream 0, then the TP 2
-# cases and the soak at TP 2 under KV pressure with chunked prefill.
+# The plan (vLLM 0.32), for about 20 minutes of two GPUs: NWOR's overhead with EAGLE-3 again,
+# now that its metrics no longer wait for the GPU, with longer runs (96 requests a run) at one
+# length (the target: 0.99 beside the A/A); vLLM's adaptive verification with EAGLE-3 and the
+# V2 runner's per-request synthetic acceptance (what SCV must beat, and the mixed traffic SCV's
+# benchmark needs); the single-GPU rows under load not yet run on vLLM 0.32. On two GPUs, stream
+# 1 runs beside stream 0, then the soak at TP 2 under KV pressure with chunked prefill and the
+# TP 2 rows under load, one step each so that each finished one comes back.
 stream0() {
-  step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 1.5 2.5 3.5 --batches 8 32 --reps 2 --aa
+  step overhead_e3 nwor_overhead --method eagle3 --k 4 --L 2.5 --batches 8 32 --reps 3 \
+    --min-requests 96 --aa
   step v2_e3 tests tests/gpu/test_eagle_gpu.py -k "adaptive_verification or per_request_synthetic"
-  step soak soak --seconds 120
-  step gpu_tests tests
 }
 stream1() {
-  step eq_1gpu equivalence --models /tmp/m0
+  local c
+  for c in pressure_eagle3 pressure_eagle3_no_prefix_caching \
+           pressure_8b_ngram_no_prefix_caching_in_process pressure_8b_draft_model_in_process; do
+    step "eq_$c" equivalence --models /tmp/m0 --cases "$c"
+  done
 }
 after() {
-  step eq_tp2 equivalence --models /tmp/m0 --cases \
-    tp2_draft_model,tp2_ngram,tp2_long_prompts_eagle3,tp2_wide_prompts_8b_ngram_in_process
   step soak_tp2 soak --seconds 120 --configs nwor --tensor-parallel-size 2 --pressure
+  local c
+  for c in tp2_wide_prompts_8b_ngram_in_process tp2_long_prompts_eagle3 \
+           tp2_wide_prompts_8b_ngram_no_prefix_caching_in_process \
+           tp2_long_prompts_draft_model tp2_long_prompts_eagle3_no_prefix_caching \
+           tp2_wide_prompts_8b_draft_model_in_process; do
+    step "eq_$c" equivalence --models /tmp/m0 --cases "$c"
+  done
 }
 gpus=$(nvidia-smi -L | wc -l)
 echo "=== $gpus GPUs"
