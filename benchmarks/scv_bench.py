@@ -3,10 +3,13 @@
 Policies, each its own engine process:
 
 - ``no_spec``: vLLM without speculation;
-- ``fixed_k2``, ``fixed_k4``, ``fixed_k8``: draft_model (or ``--method ngram_gpu``) with a
-  fixed k;
+- ``fixed_k1`` .. ``fixed_k8``: the drafter (``--method``) with a fixed k, at most ``--k``;
 - ``vllm_batch_schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (k by batch size);
-- ``scv``: SCV adaptive, chunks up to 8;
+- ``vllm_av``: vLLM's adaptive verification (``enable_adaptive_verification``, V2 runner, k =
+  ``--k``): each step it admits the (request, position) draft slots of highest survival
+  probability, from its own per-request acceptance estimates, within a budget from step costs
+  it profiles at start-up;
+- ``scv``: SCV adaptive, chunks up to ``--k``;
 - ``scv_oracle``: a diagnostic, not a policy: SCV adaptive planning with every request's true
   acceptance rate in place of its estimate (``harness.engines.use_oracle``). It is compared with
   the others like ``scv`` (``scv_oracle_over_best_other``) and is never one of them. Where it
@@ -56,7 +59,8 @@ Workloads give each request its own per-draft acceptance rate ``a`` through the 
 per-request synthetic acceptance (``SamplingParams.extra_args``) on top of vLLM's synthetic
 rejection sampling at full acceptance, so a request's acceptance follows ``a`` whatever the
 policy's k. Uniform workloads use the ``a`` that gives mean acceptance length L at k = 4;
-the heterogeneous mix puts half the requests at L of about 1.2 and half at full acceptance.
+the heterogeneous mixes put half the requests at L of about 1.2 and half at full acceptance,
+or a quarter each at per-draft rates 0.2, 0.5, 0.8 and 0.95.
 
     python -m benchmarks.scv_bench --policies no_spec fixed_k4 scv --jsonl $OUT/scv.jsonl
     python -m benchmarks.scv_bench --merge scv_bench.jsonl \
@@ -89,14 +93,15 @@ from benchmarks.harness.engines import (
     stop_engines,
     tokens_per_second,
     total,
+    write_eagle3_head,
     write_models,
 )
 from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
 
 REFERENCE_K = 4
-POLICIES = ("no_spec", "fixed_k2", "fixed_k4", "fixed_k8", "vllm_batch_schedule", "scv",
-            "scv_oracle", "scv_fixed2", "scv_full_graphs", "scv_chunk0", "no_spec_aa",
-            "no_spec_v1")
+FIXED = tuple(f"fixed_k{j}" for j in range(1, 9))
+POLICIES = ("no_spec", *FIXED, "vllm_batch_schedule", "vllm_av", "scv", "scv_oracle",
+            "scv_fixed2", "scv_full_graphs", "scv_chunk0", "no_spec_aa", "no_spec_v1")
 SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2", "scv_full_graphs", "scv_chunk0")
 """SCV's rows: ``scv`` and four diagnostics: ``scv_oracle`` (SCV planning with the
 workload's true acceptance rates, which a real engine cannot know), ``scv_fixed2`` (SCV's
@@ -108,23 +113,30 @@ COMPARED_ROWS = (*SCV_ROWS, "no_spec_aa", "no_spec_v1")
 control ``no_spec_aa`` and plain decoding on the V1 runner, ``no_spec_v1``."""
 BATCH_SCHEDULE = [[1, 16, 4], [17, 96, 2], [97, 1024, 1]]
 DRAFTERS = {"draft_model": "2-layer draft model (same shape and vocabulary, dummy weights)",
-            "ngram_gpu": "vLLM's ngram_gpu, prompt lookup of 2 to 4 tokens"}
+            "ngram_gpu": "vLLM's ngram_gpu, prompt lookup of 2 to 4 tokens",
+            "eagle3": "one-layer EAGLE-3 head of the target's shape, dummy weights, vLLM's V2 "
+                      "model runner"}
 METHODS = tuple(DRAFTERS)
-"""The drafters (``--method``): the 2-layer draft model, or vLLM's n-gram lookup on the GPU
+"""The drafters (``--method``): the 2-layer draft model, vLLM's n-gram lookup on the GPU
 (over the prompts' repeated motif and what follows it; it runs no model, and it runs with async
-scheduling, which vLLM's CPU ngram does not). What ngram_gpu's pass costs a step has not been
-measured apart."""
+scheduling, which vLLM's CPU ngram does not), or a one-layer EAGLE-3 head (the method vLLM's
+adaptive verification estimates acceptance for from the draft logits). What ngram_gpu's pass
+costs a step has not been measured apart."""
 
 
 def workloads() -> dict[str, list[float]]:
     """Per-request acceptance rates as a repeating pattern (applied to any batch size)."""
     uniform = {f"uniform_L{length:g}": [rate_for_length(length, REFERENCE_K)]
                for length in (1.5, 3.0, 4.0)}
-    return {**uniform, "mixed_L1.2_and_full": [rate_for_length(1.2, REFERENCE_K), 1.0]}
+    return {**uniform, "mixed_L1.2_and_full": [rate_for_length(1.2, REFERENCE_K), 1.0],
+            # a quarter each accepting few, some, most and nearly all drafts
+            "mixed_a0.2_0.5_0.8_0.95": [0.2, 0.5, 0.8, 0.95]}
 
 
 def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
-                  memory_share: float, method: str = "draft_model") -> dict:
+                  memory_share: float, method: str = "draft_model", k: int = 8) -> dict:
+    """``LLM``'s keywords for one policy's engine; ``k``: the largest number of drafts (SCV's
+    largest chunk, vLLM's adaptive verification's k and its batch schedule's)."""
     kwargs = dict(model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=768, max_num_seqs=max_batch, gpu_memory_utilization=memory_share,
                   seed=0, disable_log_stats=False, enable_prefix_caching=False,
@@ -133,8 +145,9 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
         return {**kwargs, ENV_KEY: {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
     if policy in ("no_spec", "no_spec_aa"):
         return kwargs
-    k = {"fixed_k2": 2, "fixed_k4": 4}.get(policy, 8)
-    drafter = ({"method": "draft_model", "model": draft} if method == "draft_model" else
+    if policy in FIXED:
+        k = int(policy.removeprefix("fixed_k"))
+    drafter = ({"method": method, "model": draft} if method in ("draft_model", "eagle3") else
                {"method": method, "prompt_lookup_min": 2, "prompt_lookup_max": 4})
     speculative = {**drafter, "num_speculative_tokens": k,
                    "rejection_sample_method": "synthetic",
@@ -146,6 +159,12 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
                              "NgramProposerGPU.propose asserts that it proposes exactly "
                              "num_speculative_tokens drafts, and the schedule asks for fewer")
         speculative["num_speculative_tokens_per_batch_size"] = BATCH_SCHEDULE
+    if policy == "vllm_av":
+        if method == "ngram_gpu":
+            raise SystemExit("vllm_av cannot run with ngram_gpu: vLLM's adaptive verification "
+                             "estimates acceptance from the draft logits, which n-gram lookup "
+                             "has none of")
+        speculative["enable_adaptive_verification"] = True
     if policy in SCV_ROWS:
         speculative["scv"] = "adaptive"
     if policy == "scv_fixed2":
@@ -163,9 +182,9 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
               prompt_len: int, memory: float, closed_batch: bool = False,
               names: list[str] | None = None, load_multiple: int = 2,
               output_lens: tuple[int, int] | None = None, method: str = "draft_model",
-              slice_seconds: float | None = None) -> dict:
+              slice_seconds: float | None = None, k: int = 8) -> dict:
     share = round(memory / len(policies), 3)
-    engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share, method)
+    engines = start_engines({p: engine_kwargs(p, target, draft, max(batches), share, method, k)
                              for p in policies})
     rows, warm = [], {}
     try:
@@ -252,7 +271,7 @@ def run_group(policies: list[str], target: str, draft: str, batches: list[int], 
                     rows.append(row)
     finally:
         stop_engines(engines)
-    return {"policies": policies, "method": method, "gpu_memory_share": share,
+    return {"policies": policies, "method": method, "k": k, "gpu_memory_share": share,
             "load": "closed batch" if closed_batch
             else f"steady, {load_multiple} x batch requests",
             "async_scheduling": "on for every policy",
@@ -443,6 +462,7 @@ def merge(jsonl: Path, result: Path) -> None:
                                            for r in records}),
                "groups": [{"policies": r["policies"],
                            "method": r.get("method", "draft_model"),
+                           "k": r.get("k", 8),
                            "gpu_memory_share": r["gpu_memory_share"],
                            "startup_seconds": r["startup_seconds"],
                            # None: whole runs one after the other; else interleaved turns
@@ -463,6 +483,9 @@ def main() -> None:
                         default=["no_spec", "fixed_k4", "scv"])
     parser.add_argument("--method", choices=METHODS, default="draft_model",
                         help="the speculative policies' drafter")
+    parser.add_argument("--k", type=int, default=8, choices=range(1, 9), metavar="1..8",
+                        help="the largest number of drafts: SCV's largest chunk, vLLM's "
+                        "adaptive verification's k and batch schedule's; fixed_kJ needs J <= k")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--workloads", nargs="+", choices=list(workloads()),
                         default=list(workloads()))
@@ -487,13 +510,17 @@ def main() -> None:
     args = parse_or_merge(parser, merge)
     if args is None:
         return
+    if over := [p for p in args.policies if p in FIXED and int(p.removeprefix("fixed_k")) > args.k]:
+        parser.error(f"--policies {' '.join(over)}: more drafts than --k {args.k}")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
+        if args.method == "eagle3":
+            draft = write_eagle3_head(Path(root))
         append_jsonl(args.jsonl, run_group(args.policies, target, draft, args.batches,
                                            args.reps, args.prompt_len, args.memory,
                                            args.closed_batch, args.workloads,
                                            args.load_multiple, args.output_lens,
-                                           args.method, args.slice_seconds))
+                                           args.method, args.slice_seconds, args.k))
 
 
 if __name__ == "__main__":

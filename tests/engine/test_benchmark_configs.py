@@ -35,7 +35,9 @@ def benchmark_kwargs() -> list[tuple[str, dict]]:
     cases = [(f"scv_bench:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3))
              for p in scv.POLICIES]
     cases += [(f"scv_bench:ngram_gpu:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3, "ngram_gpu"))
-              for p in scv.POLICIES if p != "vllm_batch_schedule"]
+              for p in scv.POLICIES if p not in ("vllm_batch_schedule", "vllm_av")]
+    cases += [(f"scv_bench:eagle3:k5:{p}", scv.engine_kwargs(p, "t", "d", 256, 0.3, "eagle3", 5))
+              for p in ("no_spec", "fixed_k1", "fixed_k5", "vllm_av", "scv")]
     cases += [(f"nwor_overhead:{m}:{nwor}", overhead.engine_kwargs("t", "d", m, 4, nwor, 8))
               for m in ("draft_model", "ngram") for nwor in (False, True)]
     cases += [(f"nwor_overhead:tp2:{nwor}", overhead.engine_kwargs(
@@ -276,6 +278,27 @@ def test_scv_merge_keeps_the_aa_control_out_of_the_others(tmp_path):
     (cell,) = json.loads((tmp_path / "scv.json").read_text())["cells"]
     assert cell["scv_over_best_other"] == 0.98  # over no_spec, not over the control
     assert cell["no_spec_aa_over_best_other_by_group"] == [1.04]
+
+
+def test_scv_bench_refuses_a_fixed_k_above_its_k(monkeypatch, capsys, tmp_path):
+    """The comparison is against fixed k = 1..k: a fixed k past ``--k`` is a mistake."""
+    scv = importlib.import_module("benchmarks.scv_bench")
+    monkeypatch.setattr(sys, "argv", ["scv_bench.py", "--k", "3", "--policies", "fixed_k3",
+                                      "fixed_k5", "--jsonl", str(tmp_path / "x.jsonl")])
+    with pytest.raises(SystemExit):
+        scv.main()
+    assert "--policies fixed_k5: more drafts than --k 3" in capsys.readouterr().err
+
+
+def test_scv_bench_runs_vllms_adaptive_verification_at_its_k():
+    scv = importlib.import_module("benchmarks.scv_bench")
+    spec = scv.engine_kwargs("vllm_av", "t", "d", 8, 0.3, "eagle3", 5)["speculative_config"]
+    assert spec["enable_adaptive_verification"] and spec["num_speculative_tokens"] == 5
+    assert spec["method"] == "eagle3" and "scv" not in spec
+    assert scv.engine_kwargs("fixed_k2", "t", "d", 8, 0.3, "eagle3", 5)[
+        "speculative_config"]["num_speculative_tokens"] == 2
+    with pytest.raises(SystemExit, match="ngram_gpu"):
+        scv.engine_kwargs("vllm_av", "t", "d", 8, 0.3, "ngram_gpu")
 
 
 def test_overhead_lengths_per_k():
