@@ -401,8 +401,12 @@ def judge(tally: Tally, monitor: Monitor, final: dict, statuses: list[dict],
             violations += 1
             failed.append(f"{what}: {ours} != {theirs}")
     # vLLM's stats leave out the drafts of a request that ended while its step ran (a client
-    # abort, or a stop string found by the front end): at most k drafts per sequence so ended.
-    ended = (tally.aborted + tally.finish_reasons.get("stop", 0)) * 2 * k
+    # abort, or a stop string found by the front end): at most 2 x k drafts per sequence so
+    # ended. Under async scheduling (vLLM 0.32's default with speculation) the step after the
+    # one that reached a request's max_tokens is already scheduled: its k drafts are verified
+    # and left out of vLLM's stats too.
+    ended = ((tally.aborted + tally.finish_reasons.get("stop", 0)) * 2 * k
+             + tally.finish_reasons.get("length", 0) * k)
     for what, ours, theirs in (("drafted", audit.get("drafted", 0), vllm_stats["drafted"]),
                                ("accepted", audit.get("accepted", 0), vllm_stats["accepted"])):
         if not 0 <= ours - theirs <= ended:

@@ -104,12 +104,13 @@ def main(spec: dict, out_path: str) -> None:
 
         interceptor.commit_fn = flaky_commit
     dispatches = record_dispatches(runner)
-    params = SamplingParams(**{"max_tokens": spec.get("max_tokens", 40), "temperature": 0.0,
-                               "ignore_eos": True, **spec.get("sampling", {})})
+    base = SamplingParams(**{"max_tokens": spec.get("max_tokens", 40), "temperature": 0.0,
+                             "ignore_eos": True, **spec.get("sampling", {})})
+    params = base
     prompts = spec.get("prompts", PROMPTS)
     if spec.get("rates"):  # per-request synthetic acceptance, one rate per prompt in turn
         rates = spec["rates"]
-        params = [params.clone() for _ in prompts]
+        params = [base.clone() for _ in prompts]
         for i, p in enumerate(params):
             p.extra_args = {"synthetic_acceptance_rate": rates[i % len(rates)]}
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -129,7 +130,7 @@ def main(spec: dict, out_path: str) -> None:
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "logprobs": [[step[t].logprob for t, step in
                       zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
-                     for o in outputs] if params.logprobs is not None else None,
+                     for o in outputs] if base.logprobs is not None else None,
         "runner": type(runner).__module__,
         "acceptance": [getattr(o.outputs[0].spec_decode_metrics, "per_step_accepted", None)
                        for o in outputs],

@@ -128,6 +128,9 @@ class StepAudit:
         self.memory: list[dict] = []
         self.last_sample = 0.0
         self.last = self._counts()
+        # The audit's totals before NWOR's counters start (their binding, or V2's warm-up
+        # steps, after which NWOR zeroes them): vLLM's stats leave the warm-up out too.
+        self.base = (0, 0, 0)
         sample_tokens = runner.sample_tokens  # the audit's wrapper
 
         def step(*args, **kwargs):
@@ -153,6 +156,10 @@ class StepAudit:
             before = self.last or zero
             if now["tokens_staged"] < before["tokens_staged"]:  # zeroed after V2's warm-up
                 before = zero
+            if before is zero:  # the run's totals count from here, as NWOR's counters do
+                audit = self.audit
+                self.base = (audit.drafted - drafted, audit.accepted - accepted,
+                             audit.rejected_drafts - rejected)
             moved = {k: now[k] - before[k] for k in
                      ("tokens_staged", "tokens_committed", "tokens_rejected")}
             fallback_moved = sum(now["fallbacks"].values()) - sum(before["fallbacks"].values())
@@ -187,8 +194,11 @@ class StepAudit:
         audit = self.audit
         state = {
             "pid": os.getpid(), "steps": self.steps, "verify_steps": self.verify_steps,
-            "drafted": audit.drafted, "accepted": audit.accepted,
-            "rejected": audit.rejected_drafts, "checked_tokens": audit.checked_tokens,
+            "drafted": audit.drafted - self.base[0], "accepted": audit.accepted - self.base[1],
+            "rejected": audit.rejected_drafts - self.base[2],
+            "before_counters": dict(zip(("drafted", "accepted", "rejected"), self.base,
+                                        strict=True)),
+            "checked_tokens": audit.checked_tokens,
             "cache_violations": len(audit.violations),
             "cache_violation_samples": audit.violations[:MAX_LISTED],
             "counter_violations": self.num_counter_violations,

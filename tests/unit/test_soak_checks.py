@@ -52,6 +52,23 @@ def test_counters_that_move_other_than_the_sampler_decided_are_violations(
     assert status["steps"] == 5 and status["counter_violations"] == violations
 
 
+def test_the_audit_counts_from_where_nwors_counters_start(tmp_path, monkeypatch):
+    """vLLM 0.32's V2 runner drafts in its warm-up steps, after which NWOR zeroes its counters
+    (and vLLM's stats never count them): the audit's totals then count from there too."""
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    run = Verdicts(1)
+    StepAudit(run.runner, run.audit, run.counters)
+    for _ in range(2):
+        run.runner.sample_tokens()
+    run.totals.update(tokens_staged=0, tokens_committed=0, tokens_rejected=0)  # the warm-up's end
+    for _ in range(3):
+        run.runner.sample_tokens()
+    (status,) = read_status(tmp_path)
+    assert status["counter_violations"] == 0
+    assert (status["drafted"], status["accepted"], status["rejected"]) == (9, 3, 6)
+    assert status["before_counters"] == {"drafted": 6, "accepted": 2, "rejected": 4}
+
+
 def metrics(value: float) -> str:
     """/metrics text with one counter at ``value``, as prometheus_client exposes it."""
     import prometheus_client
@@ -78,10 +95,13 @@ def final_scrape(drafted: float, accepted: float, committed: float) -> dict:
             ("vllm:nwor_tokens_committed_total", ()): (counter, committed)}
 
 
-def judged(drafted: float, accepted: float, committed: float, aborted: int) -> dict:
+def judged(drafted: float, accepted: float, committed: float, aborted: int,
+           finished: int = 0) -> dict:
     tally = soak.Tally()
     for _ in range(aborted):
         tally.add("completion_stream", "aborted")
+    for _ in range(finished):
+        tally.add("completion", "length")
     status = {"drafted": 90, "accepted": 30, "rejected": 60,
               "counters": {"tokens_staged": 90, "tokens_committed": 30},
               "cache_violations": 0, "counter_violations": 0, "memory": []}
@@ -96,6 +116,10 @@ def test_the_end_of_run_checks():
     assert judged(84, 28, 30, aborted=1)["violations"] == 0
     assert judged(84, 28, 30, aborted=0)["violations"] == 2
     assert judged(90, 30, 29, aborted=0)["violations"] == 1  # /metrics != the worker's count
+    # Under async scheduling the step after a request's last is verified, and not counted by
+    # vLLM: up to k drafts per request finished by its length.
+    assert judged(84, 28, 30, aborted=0, finished=2)["violations"] == 0
+    assert judged(84, 28, 30, aborted=0, finished=1)["violations"] == 1
 
 
 @pytest.mark.parametrize("failure, slow", [
