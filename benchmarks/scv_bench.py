@@ -99,7 +99,7 @@ from benchmarks.harness.engines import (
 from benchmarks.harness.results import append_jsonl, parse_or_merge, write_json
 
 REFERENCE_K = 4
-FIXED = tuple(f"fixed_k{j}" for j in range(1, 9))
+FIXED = {f"fixed_k{j}": j for j in range(1, 9)}  # policy: its k
 POLICIES = ("no_spec", *FIXED, "vllm_batch_schedule", "vllm_av", "scv", "scv_oracle",
             "scv_fixed2", "scv_full_graphs", "scv_chunk0", "no_spec_aa", "no_spec_v1")
 SCV_ROWS = ("scv", "scv_oracle", "scv_fixed2", "scv_full_graphs", "scv_chunk0")
@@ -145,8 +145,7 @@ def engine_kwargs(policy: str, target: str, draft: str, max_batch: int,
         return {**kwargs, ENV_KEY: {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
     if policy in ("no_spec", "no_spec_aa"):
         return kwargs
-    if policy in FIXED:
-        k = int(policy.removeprefix("fixed_k"))
+    k = FIXED.get(policy, k)
     drafter = ({"method": method, "model": draft} if method in ("draft_model", "eagle3") else
                {"method": method, "prompt_lookup_min": 2, "prompt_lookup_max": 4})
     speculative = {**drafter, "num_speculative_tokens": k,
@@ -510,7 +509,7 @@ def main() -> None:
     args = parse_or_merge(parser, merge)
     if args is None:
         return
-    if over := [p for p in args.policies if p in FIXED and int(p.removeprefix("fixed_k")) > args.k]:
+    if over := [p for p in args.policies if FIXED.get(p, 0) > args.k]:
         parser.error(f"--policies {' '.join(over)}: more drafts than --k {args.k}")
     with tempfile.TemporaryDirectory() as root:
         target, draft = write_models(Path(root))
